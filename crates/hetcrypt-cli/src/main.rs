@@ -1,0 +1,6 @@
+//! The `hetcrypt` command.
+#![forbid(unsafe_code)]
+
+fn main() {
+    println!("hetcrypt {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,573 @@
+//! The dispatcher: runs a batch on the engines' lanes under a policy, moves the jobs of
+//! a failed engine to the others, and reports what happened.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::engine::{EngineRef, Lane};
+use crate::error::{Error, Result};
+use crate::job::{Job, JobOutput};
+use crate::key::{Key, KeyId, KeyStore};
+use crate::policy::{
+    EngineMask, EngineMeta, JobMeta, LaneMeta, Plan, Policy, Schedule, MAX_ENGINES,
+};
+use crate::report::{EngineReport, LaneReport, Report};
+
+/// Every output of a batch, in job order, and the report.
+#[derive(Debug)]
+pub struct BatchResult {
+    /// One result per job, in the order the jobs were given.
+    pub outputs: Vec<Result<JobOutput>>,
+    /// What the batch did.
+    pub report: Report,
+}
+
+/// Opened lanes, per engine then per lane index; `None` where none is open.
+type LaneCache = Vec<Vec<Option<Box<dyn Lane>>>>;
+
+/// Runs batches of jobs on a set of engines.
+///
+/// Lanes are opened once and kept between batches (with their cached key contexts
+/// and sockets); each batch runs one thread per lane, from start to join, as the seeds
+/// time it. An engine that fails is quarantined for the dispatcher's lifetime and never
+/// used again (retrying a vanished kernel device can crash the kernel).
+pub struct Dispatcher {
+    engines: Vec<EngineRef>,
+    keys: KeyStore,
+    /// Opened lanes, per engine, kept between batches.
+    lanes: Mutex<LaneCache>,
+    /// Per engine: why it was quarantined.
+    failed: Mutex<Vec<Option<String>>>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field(
+                "engines",
+                &self
+                    .engines
+                    .iter()
+                    .map(|e| e.name().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex, going on with the data if another lane panicked while holding it
+/// (the data here is counters and queues that stay consistent between statements).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// CPU time used so far by the calling thread.
+fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+impl Dispatcher {
+    /// A dispatcher over these engines. Names must be unique; at most 64 engines.
+    pub fn new(engines: Vec<EngineRef>) -> Result<Self> {
+        if engines.len() > MAX_ENGINES {
+            return Err(Error::InvalidEngines {
+                reason: format!("{} engines, at most {MAX_ENGINES}", engines.len()),
+            });
+        }
+        for (i, e) in engines.iter().enumerate() {
+            if engines[..i].iter().any(|o| o.name() == e.name()) {
+                return Err(Error::InvalidEngines {
+                    reason: format!("two engines named '{}'", e.name()),
+                });
+            }
+        }
+        let lanes = engines
+            .iter()
+            .map(|e| (0..e.lanes()).map(|_| None).collect())
+            .collect();
+        let failed = vec![None; engines.len()];
+        Ok(Dispatcher {
+            engines,
+            keys: KeyStore::new(),
+            lanes: Mutex::new(lanes),
+            failed: Mutex::new(failed),
+        })
+    }
+
+    /// The engines, in order.
+    pub fn engines(&self) -> &[EngineRef] {
+        &self.engines
+    }
+
+    /// The registered keys.
+    pub fn keys(&self) -> &KeyStore {
+        &self.keys
+    }
+
+    /// Registers a key for jobs to refer to.
+    pub fn add_key(&self, key: Key) -> Result<KeyId> {
+        self.keys.add(key)
+    }
+
+    /// Engines quarantined so far, with the reason.
+    pub fn failed_engines(&self) -> Vec<(String, String)> {
+        lock(&self.failed)
+            .iter()
+            .zip(&self.engines)
+            .filter_map(|(f, e)| f.as_ref().map(|r| (e.name().to_string(), r.clone())))
+            .collect()
+    }
+
+    /// Runs every job under `policy` and returns every output (in job order) and the
+    /// report. Job errors are per job; the call itself fails only if the policy
+    /// cannot plan the batch.
+    pub fn run(&self, jobs: &[Job], policy: &dyn Policy) -> Result<BatchResult> {
+        let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
+        let metas: Vec<JobMeta> = jobs
+            .iter()
+            .map(|job| {
+                let mut engines = EngineMask::default();
+                for (i, e) in self.engines.iter().enumerate() {
+                    if e.supports(job.cipher, job.direction) {
+                        engines.insert(i);
+                    }
+                }
+                JobMeta {
+                    len: job.len(),
+                    cipher: job.cipher,
+                    direction: job.direction,
+                    engines,
+                }
+            })
+            .collect();
+        let engine_metas: Vec<EngineMeta> = self
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, e)| EngineMeta {
+                name: e.name().to_string(),
+                kind: e.info().kind,
+                lanes: if failed_before[i] { 0 } else { e.lanes() },
+                max_batch: e.max_batch().max(1),
+                uses_host_cpu: e.uses_host_cpu(),
+            })
+            .collect();
+        let lane_metas: Vec<LaneMeta> = engine_metas
+            .iter()
+            .enumerate()
+            .flat_map(|(engine, m)| (0..m.lanes).map(move |index| LaneMeta { engine, index }))
+            .collect();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let schedule = policy.plan(&Plan {
+            jobs: &metas,
+            engines: &engine_metas,
+            lanes: &lane_metas,
+            cores,
+        })?;
+
+        let shared = Shared {
+            jobs,
+            metas: &metas,
+            schedule: schedule.as_ref(),
+            keys: &self.keys,
+            results: (0..jobs.len()).map(|_| OnceLock::new()).collect(),
+            remaining: AtomicUsize::new(0),
+            quarantined: failed_before.iter().map(|&f| AtomicBool::new(f)).collect(),
+            reasons: Mutex::new(vec![None; self.engines.len()]),
+            coord: Mutex::new(Coord {
+                retry: VecDeque::new(),
+                running: lane_metas.len(),
+                done: false,
+            }),
+            wake: Condvar::new(),
+            retry_len: AtomicUsize::new(0),
+            redispatched: AtomicUsize::new(0),
+            duplicates: AtomicUsize::new(0),
+        };
+        let mut runnable = 0;
+        for (i, m) in metas.iter().enumerate() {
+            if shared.alive_engines(i).is_empty() {
+                let _ = shared.results[i].set(Err(Error::NoEngine { cipher: m.cipher }));
+            } else {
+                runnable += 1;
+            }
+        }
+        shared.remaining.store(runnable, Ordering::Relaxed);
+        if runnable == 0 {
+            lock(&shared.coord).done = true;
+        }
+        // Jobs the policy placed on engines that failed in an earlier batch go to the
+        // others, as they would have had the engine failed during this one.
+        for (engine, _) in failed_before.iter().enumerate().filter(|(_, &f)| f) {
+            shared.requeue(engine);
+        }
+
+        // Hand each lane thread its cached lane (or none: it opens one).
+        let mut cached: Vec<Option<Box<dyn Lane>>> = {
+            let mut lanes = lock(&self.lanes);
+            lane_metas
+                .iter()
+                .map(|l| lanes[l.engine][l.index].take())
+                .collect()
+        };
+        let start = Instant::now();
+        let finished: Vec<(LaneReport, Option<Box<dyn Lane>>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lane_metas
+                .iter()
+                .enumerate()
+                .zip(cached.iter_mut())
+                .map(|((lane_idx, meta), slot)| {
+                    let engine = &self.engines[meta.engine];
+                    let opened = slot.take();
+                    let shared = &shared;
+                    scope.spawn(move || shared.lane_loop(lane_idx, *meta, engine, opened))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("lane threads catch their own failures"))
+                .collect()
+        });
+        let wall = start.elapsed();
+
+        let (lane_reports, opened): (Vec<LaneReport>, Vec<Option<Box<dyn Lane>>>) =
+            finished.into_iter().unzip();
+        let Shared {
+            results,
+            reasons,
+            redispatched,
+            duplicates,
+            ..
+        } = shared;
+        debug_assert_eq!(duplicates.into_inner(), 0, "a job was completed twice");
+
+        // Record new failures; keep the lanes of engines that still work.
+        let failed = {
+            let mut failed = lock(&self.failed);
+            for (slot, reason) in failed
+                .iter_mut()
+                .zip(reasons.into_inner().unwrap_or_else(|e| e.into_inner()))
+            {
+                if slot.is_none() {
+                    *slot = reason;
+                }
+            }
+            let mut lanes = lock(&self.lanes);
+            for (meta, lane) in lane_metas.iter().zip(opened) {
+                if failed[meta.engine].is_none() {
+                    lanes[meta.engine][meta.index] = lane;
+                }
+            }
+            failed.clone()
+        };
+
+        let outputs: Vec<Result<JobOutput>> = results
+            .into_iter()
+            .zip(&metas)
+            .map(|(cell, meta)| {
+                cell.into_inner().unwrap_or_else(|| {
+                    Err(Error::Policy {
+                        policy: policy.name(),
+                        reason: format!("no lane was given this {} job", meta.cipher),
+                    })
+                })
+            })
+            .collect();
+
+        let mut engines: Vec<EngineReport> = self
+            .engines
+            .iter()
+            .zip(failed)
+            .map(|(e, failed)| EngineReport {
+                name: e.name().to_string(),
+                kind: e.info().kind,
+                jobs: 0,
+                bytes: 0,
+                busy: Duration::ZERO,
+                failed,
+                lanes: Vec::new(),
+            })
+            .collect();
+        for (meta, lane) in lane_metas.iter().zip(lane_reports) {
+            let e = &mut engines[meta.engine];
+            e.jobs += lane.jobs;
+            e.bytes += lane.bytes;
+            e.busy += lane.busy;
+            e.lanes.push(lane);
+        }
+        let report = Report {
+            policy: policy.name(),
+            jobs: jobs.len(),
+            bytes: jobs.iter().map(|j| j.len() as u64).sum(),
+            wall,
+            engines,
+            redispatched: redispatched.into_inner(),
+            job_errors: outputs.iter().filter(|o| o.is_err()).count(),
+        };
+        Ok(BatchResult { outputs, report })
+    }
+}
+
+/// Coordination state behind one lock: the re-dispatch queue and who is still working.
+struct Coord {
+    /// Jobs taken back from a failed engine, waiting for a lane that can run them.
+    retry: VecDeque<usize>,
+    /// Lanes that are neither idle-waiting nor gone.
+    running: usize,
+    /// The batch is over: every lane leaves.
+    done: bool,
+}
+
+/// What the lane threads of one batch share.
+struct Shared<'a> {
+    jobs: &'a [Job],
+    metas: &'a [JobMeta],
+    schedule: &'a dyn Schedule,
+    keys: &'a KeyStore,
+    results: Vec<OnceLock<Result<JobOutput>>>,
+    /// Jobs without a result yet.
+    remaining: AtomicUsize,
+    /// Per engine: quarantined (failed now or in an earlier batch).
+    quarantined: Vec<AtomicBool>,
+    /// Per engine: why it failed in this batch.
+    reasons: Mutex<Vec<Option<String>>>,
+    coord: Mutex<Coord>,
+    wake: Condvar,
+    /// Length of `coord.retry`, readable without the lock on the hot path.
+    retry_len: AtomicUsize,
+    redispatched: AtomicUsize,
+    duplicates: AtomicUsize,
+}
+
+impl Shared<'_> {
+    /// The engines still able to run job `job`.
+    fn alive_engines(&self, job: usize) -> EngineMask {
+        let mut mask = self.metas[job].engines;
+        for (e, q) in self.quarantined.iter().enumerate() {
+            if q.load(Ordering::Acquire) {
+                mask.0 &= !(1u64 << e);
+            }
+        }
+        mask
+    }
+
+    /// Stores a job's result; the last one ends the batch.
+    fn finish(&self, job: usize, result: Result<JobOutput>) {
+        if self.results[job].set(result).is_err() {
+            self.duplicates.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            lock(&self.coord).done = true;
+            self.wake.notify_all();
+        }
+    }
+
+    /// Quarantines `engine` and re-dispatches `in_hand` (the jobs its lane held) and
+    /// every job the schedule had reserved for it.
+    fn quarantine(&self, engine: usize, reason: String, in_hand: &[usize]) {
+        let mut jobs = in_hand.to_vec();
+        if !self.quarantined[engine].swap(true, Ordering::AcqRel) {
+            lock(&self.reasons)[engine] = Some(reason);
+            jobs.extend(self.schedule.engine_failed(engine));
+        }
+        self.redispatch(jobs);
+    }
+
+    /// Takes back the jobs the schedule reserved for `engine`, quarantined before the
+    /// batch began, and re-dispatches them.
+    fn requeue(&self, engine: usize) {
+        let jobs = self.schedule.engine_failed(engine);
+        self.redispatch(jobs);
+    }
+
+    /// Puts `jobs` on the re-dispatch queue for any working engine that can run them;
+    /// those no working engine can run end with an error.
+    fn redispatch(&self, jobs: Vec<usize>) {
+        if jobs.is_empty() {
+            return;
+        }
+        self.redispatched.fetch_add(jobs.len(), Ordering::Relaxed);
+        let mut orphans = Vec::new();
+        {
+            let mut coord = lock(&self.coord);
+            coord.retry.extend(jobs);
+            // Jobs that no working engine can run any more end here, with an error.
+            coord.retry.retain(|&j| {
+                let keep = !self.alive_engines(j).is_empty();
+                if !keep {
+                    orphans.push(j);
+                }
+                keep
+            });
+            self.retry_len.store(coord.retry.len(), Ordering::Release);
+        }
+        self.wake.notify_all();
+        for j in orphans {
+            self.finish(
+                j,
+                Err(Error::NoEngine {
+                    cipher: self.metas[j].cipher,
+                }),
+            );
+        }
+    }
+
+    /// Moves up to `max` re-dispatched jobs that `engine` can run into `out`.
+    fn take_retry(&self, coord: &mut Coord, engine: usize, max: usize, out: &mut Vec<usize>) {
+        let mut i = 0;
+        while i < coord.retry.len() && out.len() < max {
+            if self.metas[coord.retry[i]].engines.contains(engine) {
+                out.extend(coord.retry.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        self.retry_len.store(coord.retry.len(), Ordering::Release);
+    }
+
+    /// The policy has nothing more for this lane: wait for re-dispatched work or the
+    /// end of the batch. Returns false when the lane should leave.
+    fn idle(&self, engine: usize, max: usize, out: &mut Vec<usize>) -> bool {
+        let mut coord = lock(&self.coord);
+        coord.running -= 1;
+        loop {
+            if coord.done || self.quarantined[engine].load(Ordering::Acquire) {
+                self.wake.notify_all();
+                return false;
+            }
+            self.take_retry(&mut coord, engine, max, out);
+            if !out.is_empty() {
+                coord.running += 1;
+                return true;
+            }
+            if coord.running == 0 && coord.retry.is_empty() {
+                // Nobody is working and nothing is waiting: whatever has no result now
+                // was given to no lane; the batch is over.
+                coord.done = true;
+                self.wake.notify_all();
+                return false;
+            }
+            coord = self.wake.wait(coord).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// One lane's life during a batch.
+    fn lane_loop(
+        &self,
+        lane_idx: usize,
+        meta: LaneMeta,
+        engine: &EngineRef,
+        opened: Option<Box<dyn Lane>>,
+    ) -> (LaneReport, Option<Box<dyn Lane>>) {
+        let cpu_start = thread_cpu_time();
+        let mut report = LaneReport {
+            lane: meta.index,
+            ..LaneReport::default()
+        };
+        let mut lane = match opened {
+            Some(lane) => lane,
+            None => match engine.open_lane(meta.index) {
+                Ok(lane) => lane,
+                Err(e) => {
+                    self.quarantine(meta.engine, e.to_string(), &[]);
+                    self.idle_exit();
+                    report.cpu = thread_cpu_time().saturating_sub(cpu_start);
+                    return (report, None);
+                }
+            },
+        };
+        let max = engine.max_batch().max(1);
+        let timing = self.schedule.wants_timing();
+        let mut picked: Vec<usize> = Vec::with_capacity(max);
+        let mut outs: Vec<JobOutput> = vec![JobOutput::default(); max];
+        let mut results: Vec<Result<()>> = (0..max).map(|_| Ok(())).collect();
+        let mut refs: Vec<&Job> = Vec::with_capacity(max);
+        let mut policy_done = false;
+        loop {
+            if self.quarantined[meta.engine].load(Ordering::Acquire) {
+                self.idle_exit();
+                break;
+            }
+            picked.clear();
+            if self.retry_len.load(Ordering::Acquire) > 0 {
+                self.take_retry(&mut lock(&self.coord), meta.engine, max, &mut picked);
+            }
+            if picked.is_empty() && !policy_done {
+                policy_done = !self.schedule.next(lane_idx, max, &mut picked);
+            }
+            if picked.is_empty() {
+                if policy_done && !self.idle(meta.engine, max, &mut picked) {
+                    break;
+                }
+                if picked.is_empty() {
+                    continue;
+                }
+            }
+
+            let started = Instant::now();
+            let cpu_before = if timing {
+                thread_cpu_time()
+            } else {
+                Duration::ZERO
+            };
+            if picked.len() == 1 {
+                results[0] = lane.run(&self.jobs[picked[0]], self.keys, &mut outs[0]);
+            } else {
+                refs.clear();
+                refs.extend(picked.iter().map(|&j| &self.jobs[j]));
+                lane.run_batch(
+                    &refs,
+                    self.keys,
+                    &mut outs[..picked.len()],
+                    &mut results[..picked.len()],
+                );
+            }
+            let elapsed = started.elapsed();
+            report.busy += elapsed;
+
+            let mut failure: Option<String> = None;
+            let mut in_hand = Vec::new();
+            for (k, &j) in picked.iter().enumerate() {
+                match std::mem::replace(&mut results[k], Ok(())) {
+                    Err(e) if e.is_engine_failure() => {
+                        failure.get_or_insert_with(|| e.to_string());
+                        in_hand.push(j);
+                    }
+                    result => {
+                        report.jobs += 1;
+                        report.bytes += self.jobs[j].len() as u64;
+                        let out = std::mem::take(&mut outs[k]);
+                        self.finish(j, result.map(|()| out));
+                    }
+                }
+            }
+            if let Some(reason) = failure {
+                self.quarantine(meta.engine, reason, &in_hand);
+                self.idle_exit();
+                break;
+            }
+            if timing {
+                let cpu = thread_cpu_time().saturating_sub(cpu_before);
+                self.schedule.completed(lane_idx, &picked, elapsed, cpu);
+            }
+        }
+        report.cpu = thread_cpu_time().saturating_sub(cpu_start);
+        (report, Some(lane))
+    }
+
+    /// A lane leaves for good (its engine failed): it no longer counts as working.
+    fn idle_exit(&self) {
+        let mut coord = lock(&self.coord);
+        coord.running -= 1;
+        if coord.running == 0 && coord.retry.is_empty() {
+            coord.done = true;
+        }
+        drop(coord);
+        self.wake.notify_all();
+    }
+}

@@ -1,0 +1,120 @@
+//! Engines: the ways hetcrypt can run a job. Mechanism only — no scheduling here.
+//!
+//! An [`Engine`] describes itself and opens [`Lane`]s; a lane is one worker that can
+//! hold one job (or one multi-buffer batch) in flight, driven by one dispatcher thread.
+
+pub mod cpu;
+pub mod fault;
+pub mod kernel;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::cipher::{Cipher, Direction};
+use crate::error::Result;
+use crate::job::{Job, JobOutput};
+use crate::key::KeyStore;
+
+/// What kind of engine this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// Software on the host CPU (OpenSSL EVP).
+    Cpu,
+    /// The Linux kernel crypto API (AF_ALG), reaching whatever driver serves the cipher.
+    Kernel,
+    /// A test wrapper that injects faults into another engine.
+    FaultInjection,
+}
+
+/// Which implementation serves one cipher on an engine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CipherDriver {
+    /// The cipher.
+    pub cipher: Cipher,
+    /// Implementation name (kernel driver such as `virtio_crypto_aes_cbc`, or the
+    /// OpenSSL implementation).
+    pub driver: String,
+    /// Kernel priority of the driver, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Kernel module providing the driver, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// Whether the driver completes asynchronously (hardware offload usually does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_async: Option<bool>,
+}
+
+/// An engine's self-description, for `hetcrypt engines` and reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineInfo {
+    /// The engine's name (`cpu`, `kernel`, `kernel:virtio_crypto_aes_cbc`, ...).
+    pub name: String,
+    /// Its kind.
+    pub kind: EngineKind,
+    /// Number of lanes it opens.
+    pub lanes: usize,
+    /// The ciphers it runs and who serves each.
+    pub ciphers: Vec<CipherDriver>,
+}
+
+/// A way to run jobs. Implementations know how to encrypt; they know nothing of
+/// which job should go where.
+pub trait Engine: Send + Sync {
+    /// The engine's name, unique within a dispatcher.
+    fn name(&self) -> &str;
+
+    /// A description: kind, lanes, drivers.
+    fn info(&self) -> EngineInfo;
+
+    /// How many lanes the dispatcher should open.
+    fn lanes(&self) -> usize;
+
+    /// Whether the engine can run this cipher in this direction.
+    fn supports(&self, cipher: Cipher, direction: Direction) -> bool;
+
+    /// Opens lane `index` (0-based). Called on the lane's own thread.
+    fn open_lane(&self, index: usize) -> Result<Box<dyn Lane>>;
+
+    /// How many jobs a lane would like to take in one pull (multi-buffer engines
+    /// interleave several independent jobs); 1 means one at a time.
+    fn max_batch(&self) -> usize {
+        1
+    }
+
+    /// Whether running a job keeps a host CPU core busy for its whole duration
+    /// (true for software; false for an offload device, whose lane mostly waits).
+    fn uses_host_cpu(&self) -> bool {
+        true
+    }
+}
+
+/// A shared engine handle, as the dispatcher holds it.
+pub type EngineRef = Arc<dyn Engine>;
+
+/// One worker of an engine. A lane may cache per-key state (expanded keys, cipher
+/// contexts, bound sockets) across jobs.
+pub trait Lane: Send {
+    /// Runs one job, replacing `out`'s contents with the result.
+    ///
+    /// Errors about the job (bad IV, authentication failure) are returned as they
+    /// are; a failure of the engine itself must be [`crate::Error::EngineFailed`], so
+    /// the dispatcher knows to run the job elsewhere and stop using this engine.
+    fn run(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()>;
+
+    /// Runs several independent jobs at once (at most [`Engine::max_batch`]). The
+    /// default runs them one by one; multi-buffer engines override it.
+    fn run_batch(
+        &mut self,
+        jobs: &[&Job],
+        keys: &KeyStore,
+        outs: &mut [JobOutput],
+        results: &mut [Result<()>],
+    ) {
+        for ((job, out), result) in jobs.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
+            *result = self.run(job, keys, out);
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! A lock-free job queue grouped by which engines can run each job, shared by the
+//! policies that let lanes pull.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::{EngineMask, JobMeta};
+
+/// One group: jobs that exactly the same engines can run, taken in order.
+#[derive(Debug)]
+struct Group {
+    engines: EngineMask,
+    jobs: Vec<usize>,
+    next: AtomicUsize,
+}
+
+/// Jobs grouped by engine set; a lane takes from the groups its engine belongs to,
+/// the most exclusive group first (jobs only it can run before jobs others can share).
+///
+/// Taking is one atomic add on the group's cursor: no lock, no allocation.
+#[derive(Debug)]
+pub struct GroupedQueue {
+    groups: Vec<Group>,
+    failed: AtomicU64,
+}
+
+impl GroupedQueue {
+    /// Queues `indices` (indices into `jobs`), restricted to the engines in `allowed`.
+    /// Jobs no allowed engine can run are left out.
+    pub fn new(
+        jobs: &[JobMeta],
+        indices: impl IntoIterator<Item = usize>,
+        allowed: EngineMask,
+    ) -> Self {
+        let mut groups: Vec<Group> = Vec::new();
+        for i in indices {
+            let engines = jobs[i].engines.intersect(allowed);
+            if engines.is_empty() {
+                continue;
+            }
+            match groups.iter_mut().find(|g| g.engines == engines) {
+                Some(g) => g.jobs.push(i),
+                None => groups.push(Group {
+                    engines,
+                    jobs: vec![i],
+                    next: AtomicUsize::new(0),
+                }),
+            }
+        }
+        groups.sort_by_key(|g| g.engines.count());
+        GroupedQueue {
+            groups,
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes at most `max` jobs that `engine` can run into `out`; returns how many.
+    pub fn take(&self, engine: usize, max: usize, out: &mut Vec<usize>) -> usize {
+        let mut taken = 0;
+        for g in self.groups.iter().filter(|g| g.engines.contains(engine)) {
+            while taken < max {
+                let want = max - taken;
+                let start = g.next.fetch_add(want, Ordering::Relaxed);
+                if start >= g.jobs.len() {
+                    break;
+                }
+                let end = (start + want).min(g.jobs.len());
+                out.extend_from_slice(&g.jobs[start..end]);
+                taken += end - start;
+            }
+            if taken == max {
+                break;
+            }
+        }
+        taken
+    }
+
+    /// Peeks at the next job `engine` would take, without taking it.
+    pub fn peek(&self, engine: usize) -> Option<usize> {
+        self.groups
+            .iter()
+            .filter(|g| g.engines.contains(engine))
+            .find_map(|g| g.jobs.get(g.next.load(Ordering::Relaxed)).copied())
+    }
+
+    /// Jobs not yet taken (approximate while lanes are taking).
+    pub fn remaining(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.jobs.len().saturating_sub(g.next.load(Ordering::Relaxed)))
+            .sum()
+    }
+
+    /// Marks `engine` failed and takes out the jobs that no engine of this queue can
+    /// run any more, so the dispatcher can run them elsewhere.
+    pub fn engine_failed(&self, engine: usize) -> Vec<usize> {
+        let bit = 1u64.checked_shl(engine as u32).unwrap_or(0);
+        let failed = self.failed.fetch_or(bit, Ordering::Relaxed) | bit;
+        let mut out = Vec::new();
+        for g in self.groups.iter().filter(|g| g.engines.0 & !failed == 0) {
+            // Park the cursor far past the end so no lane takes from this group again;
+            // half of usize::MAX leaves room for concurrent fetch_adds without overflow.
+            let start = g.next.swap(usize::MAX / 2, Ordering::Relaxed);
+            if start < g.jobs.len() {
+                out.extend_from_slice(&g.jobs[start..]);
+            }
+        }
+        out
+    }
+}
