@@ -1,6 +1,56 @@
-//! The `hetcrypt` command.
+//! The `hetcrypt` command: one module per subcommand.
 #![forbid(unsafe_code)]
 
-fn main() {
-    println!("hetcrypt {}", env!("CARGO_PKG_VERSION"));
+mod bench;
+mod encrypt;
+mod engines;
+mod keygen;
+mod speed;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Bulk AES on every crypto engine of this machine at once (CPU cores and kernel
+/// crypto modules), scheduled job by job.
+#[derive(Parser, Debug)]
+#[command(name = "hetcrypt", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List this machine's crypto engines, their drivers and lanes.
+    Engines(engines::Args),
+    /// Throughput per engine or policy, in `openssl speed` units.
+    Speed(speed::Args),
+    /// The seeds' experiment: many small files, every policy, tables and charts.
+    Bench(bench::Args),
+    /// Create a random key file (mode 0600).
+    Keygen(keygen::Args),
+    /// Encrypt files or directory trees (C2SP chunked encryption).
+    Encrypt(encrypt::EncryptArgs),
+    /// Decrypt files or directory trees made by `hetcrypt encrypt`.
+    Decrypt(encrypt::DecryptArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Engines(args) => engines::run(args),
+        Command::Speed(args) => speed::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Keygen(args) => keygen::run(args),
+        Command::Encrypt(args) => encrypt::run_encrypt(args),
+        Command::Decrypt(args) => encrypt::run_decrypt(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hetcrypt: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -94,6 +94,48 @@ pub trait Engine: Send + Sync {
 /// A shared engine handle, as the dispatcher holds it.
 pub type EngineRef = Arc<dyn Engine>;
 
+/// Builds an engine from its CLI name: `cpu`, `kernel` (generic algorithm names, the
+/// kernel picks the driver) or `kernel:<driver>` (one named driver). `lanes` overrides
+/// the engine's default lane count.
+pub fn by_name(name: &str, lanes: Option<usize>) -> Result<EngineRef> {
+    if name == "cpu" {
+        let engine = match lanes {
+            Some(n) => cpu::CpuEngine::with_lanes(n),
+            None => cpu::CpuEngine::new(),
+        };
+        return Ok(engine.into_engine());
+    }
+    let kernel = match name.strip_prefix("kernel") {
+        Some("") => kernel::KernelEngine::open(),
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(driver) if !driver.is_empty() => kernel::KernelEngine::with_driver(driver),
+            _ => return Err(unknown_engine(name)),
+        },
+        None => return Err(unknown_engine(name)),
+    }?;
+    Ok(match lanes {
+        Some(n) => kernel.with_lanes(n),
+        None => kernel,
+    }
+    .into_engine())
+}
+
+fn unknown_engine(name: &str) -> crate::Error {
+    crate::Error::UnknownName {
+        what: "engine",
+        name: name.to_string(),
+    }
+}
+
+/// Every engine this machine could have, each either ready or with the reason it is
+/// unavailable (e.g. "kernel: AF_ALG not supported by this kernel").
+pub fn discover() -> Vec<Result<EngineRef>> {
+    ["cpu", "kernel"]
+        .iter()
+        .map(|name| by_name(name, None))
+        .collect()
+}
+
 /// One worker of an engine. A lane may cache per-key state (expanded keys, cipher
 /// contexts, bound sockets) across jobs.
 pub trait Lane: Send {
