@@ -1,0 +1,494 @@
+//! Shared by the integration tests: the engines under test, cases with their expected
+//! results, and a runner that checks every case on every engine by every path.
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::kernel::KernelEngine;
+use hetcrypt::engine::{EngineRef, Lane};
+use hetcrypt::policy::{Only, Policy};
+use hetcrypt::{BatchResult, Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyId};
+
+/// Set (to anything) when the tests run inside the QEMU testbed guest, which has a
+/// virtio-crypto device: there a kernel engine that does not open is a failure.
+pub const TESTBED_ENV: &str = "HETCRYPT_TESTBED";
+
+/// The virtio-crypto driver that serves `cbc(aes)` in the guest (DESIGN.md section 3).
+pub const VIRTIO_DRIVER: &str = "virtio_crypto_aes_cbc";
+
+/// Lanes of the second `cpu` engine: more than the host's 2 cores and the guest's 1, so
+/// its lanes contend for the queue and run concurrently with the 1-lane `cpu` engine.
+pub const MANY_LANES: usize = 4;
+
+/// Seed for the random tests; unset, a fresh one is drawn and printed.
+pub const SEED_ENV: &str = "HETCRYPT_TEST_SEED";
+
+/// Multiplies the random tests' job counts (a float; default 1, or [`TESTBED_SCALE`] in
+/// the testbed).
+pub const SCALE_ENV: &str = "HETCRYPT_TEST_SCALE";
+
+/// Default scale inside the testbed: the guest is emulated (no KVM), some 10-50x slower.
+pub const TESTBED_SCALE: f64 = 0.125;
+
+/// Whether we run inside the testbed guest.
+pub fn in_testbed() -> bool {
+    std::env::var_os(TESTBED_ENV).is_some()
+}
+
+/// Every engine to test: `cpu` with one lane and with [`MANY_LANES`], then the kernel
+/// engines that open here. An engine that does not open is noted on stderr with its
+/// reason; in the testbed it fails the test instead.
+pub fn engines() -> Vec<EngineRef> {
+    let mut list = vec![
+        CpuEngine::with_lanes(1).named("cpu").into_engine(),
+        CpuEngine::with_lanes(MANY_LANES)
+            .named(format!("cpu-{MANY_LANES}lanes"))
+            .into_engine(),
+    ];
+    let driver_name = format!("kernel:{VIRTIO_DRIVER}");
+    for (name, opened) in [
+        ("kernel", KernelEngine::open()),
+        (
+            driver_name.as_str(),
+            KernelEngine::with_driver(VIRTIO_DRIVER),
+        ),
+    ] {
+        match opened {
+            Ok(engine) => list.push(engine.into_engine()),
+            Err(Error::EngineUnavailable { engine, reason }) => {
+                assert_eq!(engine, name, "the error names the engine asked for");
+                assert!(
+                    !reason.trim().is_empty(),
+                    "{name}: unavailable without a reason"
+                );
+                assert!(
+                    !in_testbed(),
+                    "{name} must open in the testbed ({TESTBED_ENV} is set): {reason}"
+                );
+                eprintln!("note: engine {name} unavailable, not tested: {reason}");
+            }
+            Err(other) => panic!("{name}: opening failed with {other:?}, not EngineUnavailable"),
+        }
+    }
+    list
+}
+
+/// The seed of this test binary's random tests, printed once so a failure reproduces.
+pub fn seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = match std::env::var(SEED_ENV) {
+            Ok(s) => s
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{SEED_ENV}={s} is not a u64")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        eprintln!("random tests: seed {seed} (reproduce with {SEED_ENV}={seed})");
+        seed
+    })
+}
+
+/// `n` scaled by [`SCALE_ENV`] (or [`TESTBED_SCALE`] in the testbed), at least 1.
+pub fn scaled(n: usize) -> usize {
+    let scale = match std::env::var(SCALE_ENV) {
+        Ok(s) => s
+            .trim()
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("{SCALE_ENV}={s} is not a number")),
+        Err(_) if in_testbed() => TESTBED_SCALE,
+        Err(_) => 1.0,
+    };
+    ((n as f64 * scale).round() as usize).max(1)
+}
+
+/// Decodes hex from a vector file (upper or lower case).
+pub fn hex(s: &str) -> Vec<u8> {
+    data_encoding::HEXLOWER_PERMISSIVE
+        .decode(s.trim().as_bytes())
+        .unwrap_or_else(|e| panic!("bad hex in a vector: {e}: {s}"))
+}
+
+/// The error a case expects, with the fields every engine must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fail {
+    /// [`Error::AuthenticationFailed`].
+    Auth,
+    /// [`Error::IvLength`] with this IV length.
+    IvLength(usize),
+    /// [`Error::InputLength`] with this input length.
+    InputLength(usize),
+    /// [`Error::MissingTag`].
+    MissingTag,
+    /// [`Error::KeyLength`]: the cipher's key length, and the key's.
+    KeyLength { expected: usize, got: usize },
+    /// [`Error::UnknownKey`].
+    UnknownKey,
+}
+
+impl Fail {
+    /// Whether `e` is this failure.
+    pub fn matches(self, e: &Error, cipher: Cipher) -> bool {
+        match (self, e) {
+            (Fail::Auth, Error::AuthenticationFailed) => true,
+            (
+                Fail::IvLength(len),
+                Error::IvLength {
+                    cipher: c,
+                    expected,
+                    got,
+                },
+            ) => *c == cipher && *expected == cipher.iv_len() && *got == len,
+            (
+                Fail::InputLength(len),
+                Error::InputLength {
+                    cipher: c,
+                    len: got,
+                },
+            ) => *c == cipher && *got == len,
+            (Fail::MissingTag, Error::MissingTag { cipher: c }) => *c == cipher,
+            (
+                Fail::KeyLength { expected, got },
+                Error::KeyLength {
+                    cipher: c,
+                    expected: e,
+                    got: g,
+                },
+            ) => *c == cipher && *e == expected && *g == got,
+            (Fail::UnknownKey, Error::UnknownKey(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// What a case must produce.
+#[derive(Clone, Debug)]
+pub enum Expect {
+    /// Exactly this output and tag.
+    Output(JobOutput),
+    /// This error.
+    Fail(Fail),
+}
+
+/// The key of a case, registered with each engine's key store before the case runs.
+#[derive(Clone, Debug)]
+pub enum CaseKey {
+    /// These bytes.
+    Bytes(Vec<u8>),
+    /// An id that is never registered.
+    Unregistered,
+}
+
+/// An id no key store hands out in these tests (stores count up from 0).
+pub const UNREGISTERED_KEY: KeyId = KeyId(u32::MAX);
+
+/// One job with its key and its expected result.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// Where the case comes from (vector id, "tamper tag", seed and index...).
+    pub name: String,
+    /// Its key.
+    pub key: CaseKey,
+    /// The job (its key id is replaced by the one each store gives `key`).
+    pub job: Job,
+    /// What it must produce.
+    pub expect: Expect,
+}
+
+impl Case {
+    /// A case whose job must produce `data` (and `tag`).
+    pub fn output(
+        name: impl Into<String>,
+        key: &[u8],
+        job: Job,
+        data: Vec<u8>,
+        tag: Option<hetcrypt::Tag>,
+    ) -> Self {
+        Case {
+            name: name.into(),
+            key: CaseKey::Bytes(key.to_vec()),
+            job,
+            expect: Expect::Output(JobOutput { data, tag }),
+        }
+    }
+
+    /// A case whose job must fail with `fail`.
+    pub fn failure(name: impl Into<String>, key: &[u8], job: Job, fail: Fail) -> Self {
+        Case {
+            name: name.into(),
+            key: CaseKey::Bytes(key.to_vec()),
+            job,
+            expect: Expect::Fail(fail),
+        }
+    }
+}
+
+/// Builds a job with any IV length, for cases (the IV is at most 16 bytes here).
+pub fn job(
+    cipher: Cipher,
+    direction: Direction,
+    iv: &[u8],
+    aad: &[u8],
+    input: &[u8],
+    tag: Option<hetcrypt::Tag>,
+) -> Job {
+    let job = Job::with_iv(cipher, direction, KeyId(0), iv, input.to_vec())
+        .expect("test IVs are at most 16 bytes")
+        .aad(aad.to_vec());
+    match tag {
+        Some(tag) => job.tag(tag),
+        None => job,
+    }
+}
+
+/// Describes how `got` differs from `want`, or `None` if it does not.
+pub fn mismatch(case: &Case, got: &Result<JobOutput, Error>) -> Option<String> {
+    match (&case.expect, got) {
+        (Expect::Output(want), Ok(out)) => {
+            if out.data == want.data && out.tag == want.tag {
+                return None;
+            }
+            let mut why = String::new();
+            if out.data.len() != want.data.len() {
+                let _ = write!(
+                    why,
+                    "output is {} bytes, want {}",
+                    out.data.len(),
+                    want.data.len()
+                );
+            } else if let Some(at) = out.data.iter().zip(&want.data).position(|(a, b)| a != b) {
+                let _ = write!(why, "output differs from byte {at} of {}", want.data.len());
+            }
+            if out.tag != want.tag {
+                let _ = write!(
+                    why,
+                    "{}tag {:02x?}, want {:02x?}",
+                    if why.is_empty() { "" } else { "; " },
+                    out.tag,
+                    want.tag
+                );
+            }
+            Some(why)
+        }
+        (Expect::Output(_), Err(e)) => Some(format!("failed with {e:?}, want an output")),
+        (Expect::Fail(fail), Ok(out)) => Some(format!(
+            "succeeded ({} bytes), want {fail:?}",
+            out.data.len()
+        )),
+        (Expect::Fail(fail), Err(e)) => {
+            (!fail.matches(e, case.job.cipher)).then(|| format!("failed with {e:?}, want {fail:?}"))
+        }
+    }
+}
+
+/// Mismatches collected over a run; reported together so one failure does not hide
+/// the others.
+#[derive(Default)]
+pub struct Failures(Vec<String>);
+
+impl Failures {
+    /// Records a mismatch of `case` on `path` (e.g. "cpu lane").
+    pub fn check(&mut self, path: &str, case: &Case, got: &Result<JobOutput, Error>) {
+        if let Some(why) = mismatch(case, got) {
+            self.0.push(format!(
+                "{path}: {} ({} {}, {} bytes): {why}",
+                case.name,
+                case.job.cipher,
+                case.job.direction,
+                case.job.len()
+            ));
+        }
+    }
+
+    /// Records a failure that is not about one case.
+    pub fn push(&mut self, what: String) {
+        self.0.push(what);
+    }
+
+    /// Panics with every failure recorded, if any.
+    pub fn assert_none(self, suite: &str) {
+        /// Most failures printed: enough to see a pattern, not a wall of text.
+        const SHOWN: usize = 40;
+        if self.0.is_empty() {
+            return;
+        }
+        let mut msg = format!("{suite}: {} failure(s):\n", self.0.len());
+        for f in self.0.iter().take(SHOWN) {
+            msg.push_str("  ");
+            msg.push_str(f);
+            msg.push('\n');
+        }
+        if self.0.len() > SHOWN {
+            let _ = writeln!(msg, "  ... and {} more", self.0.len() - SHOWN);
+        }
+        panic!("{msg}");
+    }
+}
+
+/// Registers every case's key with `dispatcher` (once per distinct key) and returns the
+/// jobs with their key ids bound.
+pub fn bind(dispatcher: &Dispatcher, cases: &[&Case]) -> Vec<Job> {
+    let mut ids: HashMap<&[u8], KeyId> = HashMap::new();
+    cases
+        .iter()
+        .map(|case| {
+            let id = match &case.key {
+                CaseKey::Bytes(bytes) => *ids.entry(bytes.as_slice()).or_insert_with(|| {
+                    dispatcher
+                        .add_key(Key::new(bytes.clone()))
+                        .expect("case keys are 16, 24 or 32 bytes")
+                }),
+                CaseKey::Unregistered => UNREGISTERED_KEY,
+            };
+            let mut job = case.job.clone();
+            job.key = id;
+            job
+        })
+        .collect()
+}
+
+/// Checks a batch's bookkeeping: every job done exactly once, by engines that exist.
+pub fn check_report(failures: &mut Failures, path: &str, batch: &BatchResult, jobs: usize) {
+    let r = &batch.report;
+    let done: usize = r.engines.iter().map(|e| e.jobs).sum();
+    if done != jobs || r.jobs != jobs || batch.outputs.len() != jobs {
+        failures.push(format!(
+            "{path}: {jobs} jobs given, report says {} in the batch, {done} done by engines, {} outputs",
+            r.jobs,
+            batch.outputs.len()
+        ));
+    }
+    if r.redispatched != 0 {
+        failures.push(format!(
+            "{path}: {} jobs re-dispatched with no engine failing",
+            r.redispatched
+        ));
+    }
+    for e in &r.engines {
+        if let Some(why) = &e.failed {
+            failures.push(format!("{path}: engine {} quarantined: {why}", e.name));
+        }
+    }
+}
+
+/// One engine under test with an opened lane and a single-engine dispatcher.
+pub struct Rig {
+    engine: EngineRef,
+    lane: Box<dyn Lane>,
+    dispatcher: Dispatcher,
+}
+
+impl Rig {
+    /// Opens lane 0 of `engine` and a dispatcher over it alone.
+    pub fn new(engine: EngineRef) -> Self {
+        let lane = engine
+            .open_lane(0)
+            .unwrap_or_else(|e| panic!("{}: lane 0 does not open: {e}", engine.name()));
+        let dispatcher = Dispatcher::new(vec![engine.clone()]).expect("one engine is a valid set");
+        Rig {
+            engine,
+            lane,
+            dispatcher,
+        }
+    }
+
+    /// The engine's name.
+    pub fn name(&self) -> &str {
+        self.engine.name()
+    }
+
+    /// Runs every case this engine supports by three paths — one `Lane::run` per job,
+    /// `Lane::run_batch` in chunks of the engine's `max_batch`, and a `Dispatcher` batch
+    /// under `only:<engine>` (in the given order and grouped by cipher and direction, so
+    /// multi-buffer lanes get runs of like jobs) — and records every mismatch. Returns
+    /// how many cases ran.
+    pub fn check(&mut self, cases: &[Case], failures: &mut Failures) -> usize {
+        let supported: Vec<&Case> = cases
+            .iter()
+            .filter(|c| self.engine.supports(c.job.cipher, c.job.direction))
+            .collect();
+        if supported.is_empty() {
+            return 0;
+        }
+        let name = self.name().to_string();
+        let jobs = bind(&self.dispatcher, &supported);
+        let keys = self.dispatcher.keys();
+
+        for (case, job) in supported.iter().zip(&jobs) {
+            let mut out = JobOutput::default();
+            let got = self.lane.run(job, keys, &mut out).map(|()| out);
+            failures.check(&format!("{name} Lane::run"), case, &got);
+        }
+
+        let mut grouped: Vec<usize> = (0..supported.len()).collect();
+        grouped.sort_by_key(|&i| {
+            (
+                jobs[i].direction,
+                jobs[i].cipher.mode,
+                jobs[i].cipher.key_size,
+            )
+        });
+        let max = self.engine.max_batch().max(1);
+        for chunk in grouped.chunks(max) {
+            let refs: Vec<&Job> = chunk.iter().map(|&i| &jobs[i]).collect();
+            let mut outs = vec![JobOutput::default(); chunk.len()];
+            let mut results: Vec<hetcrypt::Result<()>> = chunk.iter().map(|_| Ok(())).collect();
+            self.lane.run_batch(&refs, keys, &mut outs, &mut results);
+            for ((&i, out), result) in chunk.iter().zip(outs).zip(results) {
+                failures.check(
+                    &format!("{name} Lane::run_batch(max {max})"),
+                    supported[i],
+                    &result.map(|()| out),
+                );
+            }
+        }
+
+        let policy = Only::new(name.clone());
+        for (order, indices) in [
+            ("given order", (0..supported.len()).collect::<Vec<_>>()),
+            ("grouped", grouped),
+        ] {
+            let batch_jobs: Vec<Job> = indices.iter().map(|&i| jobs[i].clone()).collect();
+            let path = format!("{name} Dispatcher {} ({order})", policy.name());
+            match self.dispatcher.run(&batch_jobs, &policy) {
+                Ok(batch) => {
+                    check_report(failures, &path, &batch, batch_jobs.len());
+                    for (&i, got) in indices.iter().zip(&batch.outputs) {
+                        failures.check(&path, supported[i], got);
+                    }
+                }
+                Err(e) => failures.push(format!("{path}: the batch did not run: {e}")),
+            }
+        }
+        supported.len()
+    }
+}
+
+/// Checks `cases` on every engine by every path; prints what ran where and panics with
+/// every mismatch found.
+pub fn check_everywhere(suite: &str, cases: &[Case]) {
+    let mut failures = Failures::default();
+    for engine in engines() {
+        let mut rig = Rig::new(engine);
+        let ran = rig.check(cases, &mut failures);
+        eprintln!(
+            "{suite}: {}: {ran} of {} cases ({} with a cipher it does not support)",
+            rig.name(),
+            cases.len(),
+            cases.len() - ran
+        );
+        if rig.name() == "cpu" && ran != cases.len() {
+            failures.push(format!(
+                "{suite}: cpu skipped {} cases; it supports every cipher",
+                cases.len() - ran
+            ));
+        }
+    }
+    failures.assert_none(suite);
+}
