@@ -1,0 +1,202 @@
+//! Multi-buffer CBC encryption: several independent CBC chains in lockstep through AES-NI.
+//!
+//! CBC encryption is a serial chain — block `i` needs the ciphertext of block `i - 1` —
+//! so one message at a time leaves the AES unit waiting out each instruction's latency
+//! (about 1.2 GB/s on our host, in OpenSSL as in every library). Blocks of *different*
+//! messages are independent: here up to [`MAX_CHAINS`] messages advance one block per
+//! step, and each step hands all their blocks to the `aes` crate's backend at once so
+//! the CPU overlaps them. Chains of different lengths drop out as they finish and the
+//! next waiting message takes their place. The output is plain CBC, byte-identical to
+//! OpenSSL's.
+//!
+//! Hand-written loop, not a crate: no RustCrypto mode crate interleaves *several* CBC
+//! messages (the `cbc` crate runs one chain), and the interleaving needs no intrinsics
+//! of ours — the `aes` crate picks AES-NI or VAES at run time and does every block.
+
+use aes::cipher::typenum::Unsigned;
+use aes::cipher::{
+    Array, BlockCipherEncBackend, BlockCipherEncClosure, BlockCipherEncrypt, BlockSizeUser,
+    KeyInit,
+};
+use aes::{Aes128, Aes192, Aes256};
+
+use crate::cipher::{KeySize, BLOCK_LEN};
+use crate::job::JobOutput;
+
+/// Most chains one lockstep run can hold. Sixteen is past the point where the AES
+/// unit is saturated on current x86 cores (4–8 chains cover its latency), and keeps
+/// the per-step state (16 blocks, 16 slices) in a few cache lines.
+pub const MAX_CHAINS: usize = 16;
+
+/// One AES block as the `aes` crate types it.
+type Block = Array<u8, aes::cipher::consts::U16>;
+
+/// An expanded AES key, zeroized on drop (the `aes` crate's `zeroize` feature).
+pub(crate) enum AesKey {
+    /// AES-128.
+    Aes128(Aes128),
+    /// AES-192.
+    Aes192(Aes192),
+    /// AES-256.
+    Aes256(Aes256),
+}
+
+impl AesKey {
+    /// Expands `key` for `size`; `None` if its length does not match.
+    pub(crate) fn new(size: KeySize, key: &[u8]) -> Option<Self> {
+        Some(match size {
+            KeySize::Aes128 => AesKey::Aes128(Aes128::new_from_slice(key).ok()?),
+            KeySize::Aes192 => AesKey::Aes192(Aes192::new_from_slice(key).ok()?),
+            KeySize::Aes256 => AesKey::Aes256(Aes256::new_from_slice(key).ok()?),
+        })
+    }
+}
+
+/// One CBC message to encrypt: its whole input blocks, then an optional last block
+/// (the PKCS#7-padded tail, built by the caller), written to `outs[out]`.
+pub(crate) struct Chain<'a> {
+    /// Input bytes, a whole number of blocks.
+    pub(crate) blocks: &'a [u8],
+    /// Empty, or one block encrypted after `blocks` (the padded tail).
+    pub(crate) last: &'a [u8],
+    /// The IV.
+    pub(crate) iv: [u8; BLOCK_LEN],
+    /// Index of the output to fill.
+    pub(crate) out: usize,
+}
+
+/// Encrypts every chain `chains` yields under `key`, `width` (at most [`MAX_CHAINS`])
+/// at a time, each into `outs[chain.out]` (cleared first; its tag set to `None`).
+///
+/// # Panics
+/// If a chain's `blocks` is not a whole number of blocks, its `last` is neither empty
+/// nor one block, or its `out` is outside `outs` (caller bugs).
+pub(crate) fn encrypt_cbc<'a>(
+    key: &AesKey,
+    width: usize,
+    chains: impl Iterator<Item = Chain<'a>>,
+    outs: &mut [JobOutput],
+) {
+    let run = Lockstep {
+        width: width.clamp(1, MAX_CHAINS),
+        chains,
+        outs,
+    };
+    match key {
+        AesKey::Aes128(k) => k.encrypt_with_backend(run),
+        AesKey::Aes192(k) => k.encrypt_with_backend(run),
+        AesKey::Aes256(k) => k.encrypt_with_backend(run),
+    }
+}
+
+/// The lockstep loop, run inside the `aes` crate's backend (so the backend is chosen
+/// and its round keys loaded once per batch, not per block).
+struct Lockstep<'o, I> {
+    width: usize,
+    chains: I,
+    outs: &'o mut [JobOutput],
+}
+
+impl<I> BlockSizeUser for Lockstep<'_, I> {
+    type BlockSize = aes::cipher::consts::U16;
+}
+
+impl<'a, I: Iterator<Item = Chain<'a>>> BlockCipherEncClosure for Lockstep<'_, I> {
+    #[inline(always)]
+    fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(mut self, backend: &B) {
+        // Active chains live in slots 0..n: running CBC state (IV, then the last
+        // ciphertext block), the input still to encrypt, the padded tail, the output.
+        let mut state = [Block::default(); MAX_CHAINS];
+        let mut src: [&[u8]; MAX_CHAINS] = [&[]; MAX_CHAINS];
+        let mut last: [&[u8]; MAX_CHAINS] = [&[]; MAX_CHAINS];
+        let mut out = [0usize; MAX_CHAINS];
+        let mut n = 0;
+        loop {
+            // Fill free slots with waiting chains.
+            while n < self.width {
+                let Some(chain) = self.chains.next() else {
+                    break;
+                };
+                assert!(chain.blocks.len() % BLOCK_LEN == 0 && chain.last.len() % BLOCK_LEN == 0);
+                let data = &mut self.outs[chain.out];
+                data.tag = None;
+                data.data.clear();
+                data.data.reserve_exact(chain.blocks.len() + chain.last.len());
+                (src[n], last[n]) = if chain.blocks.is_empty() {
+                    (chain.last, &[][..])
+                } else {
+                    (chain.blocks, chain.last)
+                };
+                if src[n].is_empty() {
+                    continue; // An empty message: empty output, nothing to run.
+                }
+                state[n] = Block::from(chain.iv);
+                out[n] = chain.out;
+                n += 1;
+            }
+            if n == 0 {
+                return;
+            }
+            // Run every active chain for as many steps as the shortest has blocks, so
+            // the inner loop checks no chain's end.
+            let steps = src[..n].iter().map(|s| s.len()).min().unwrap_or(0) / BLOCK_LEN;
+            for step in 0..steps {
+                let at = step * BLOCK_LEN;
+                for (st, s) in state[..n].iter_mut().zip(&src[..n]) {
+                    let p: [u8; BLOCK_LEN] = s[at..at + BLOCK_LEN]
+                        .try_into()
+                        .expect("a slice of BLOCK_LEN bytes");
+                    let x = u128::from_ne_bytes(st.0) ^ u128::from_ne_bytes(p);
+                    *st = Block::from(x.to_ne_bytes());
+                }
+                encrypt_all(backend, &mut state[..n]);
+                for (st, &o) in state[..n].iter().zip(&out[..n]) {
+                    self.outs[o].data.extend_from_slice(st);
+                }
+            }
+            // Advance; a chain out of input goes on with its tail or leaves.
+            let mut i = 0;
+            while i < n {
+                src[i] = &src[i][steps * BLOCK_LEN..];
+                if !src[i].is_empty() {
+                    i += 1;
+                } else if !last[i].is_empty() {
+                    src[i] = std::mem::take(&mut last[i]);
+                    i += 1;
+                } else {
+                    n -= 1;
+                    state.swap(i, n);
+                    src.swap(i, n);
+                    last.swap(i, n);
+                    out.swap(i, n);
+                }
+            }
+        }
+    }
+}
+
+/// Encrypts independent blocks in place: whole groups of the backend's parallel width
+/// through its interleaved path, the rest one call per block (each call is
+/// independent of the others, so the core still overlaps them).
+#[inline(always)]
+fn encrypt_all<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
+    backend: &B,
+    blocks: &mut [Block],
+) {
+    let par = B::ParBlocksSize::USIZE;
+    if par > 1 {
+        let mut groups = blocks.chunks_exact_mut(par);
+        for group in &mut groups {
+            backend.encrypt_par_blocks_inplace(
+                group.try_into().expect("chunks_exact gives whole groups"),
+            );
+        }
+        for b in groups.into_remainder() {
+            backend.encrypt_block_inplace(b);
+        }
+    } else {
+        for b in blocks {
+            backend.encrypt_block_inplace(b);
+        }
+    }
+}
