@@ -1,0 +1,403 @@
+//! Streaming encryption and decryption of one message: a reader becomes chunk jobs,
+//! their outputs are written in order.
+//!
+//! A stream only ever holds the chunk it is reading; the [`Pipeline`](crate::Pipeline)
+//! decides how many chunks (of how many streams) are in flight.
+
+use std::fmt;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+
+use hetcrypt::{Dispatcher, Job, JobOutput};
+use zeroize::Zeroizing;
+
+use crate::aead::{Aead, ChunkKeys};
+use crate::error::{FormatError, Result};
+use crate::header::{Wrapper, WRAPPER_LEN};
+use crate::kdf::{self, Hash};
+use crate::pipeline::Stream;
+use crate::{CHUNK_SIZE, COMMITMENT_LEN, SALT_LEN};
+
+/// How a message is framed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// The hetcrypt wrapper header (naming AEAD and hash), then the C2SP ciphertext;
+    /// the C2SP context is the wrapper header's bytes.
+    Hetcrypt,
+    /// A bare C2SP ciphertext with this context (as in the Wycheproof vectors); the
+    /// reader must know the AEAD and hash.
+    Bare {
+        /// The C2SP context (may be empty).
+        context: Vec<u8>,
+    },
+}
+
+/// What an encryption uses.
+#[derive(Clone, Debug)]
+pub struct SealParams {
+    aead: Aead,
+    hash: Hash,
+    framing: Framing,
+    salt: Option<[u8; SALT_LEN]>,
+}
+
+impl SealParams {
+    /// Hetcrypt framing, HKDF-SHA-512 (Cobblestone), a random salt.
+    pub fn new(aead: Aead) -> Self {
+        SealParams {
+            aead,
+            hash: Hash::Sha512,
+            framing: Framing::Hetcrypt,
+            salt: None,
+        }
+    }
+
+    /// Uses another HKDF hash.
+    pub fn hash(mut self, hash: Hash) -> Self {
+        self.hash = hash;
+        self
+    }
+
+    /// Writes a bare C2SP ciphertext with this context instead of the hetcrypt framing.
+    pub fn bare(mut self, context: Vec<u8>) -> Self {
+        self.framing = Framing::Bare { context };
+        self
+    }
+
+    /// Uses this salt instead of a random one. **For tests and known answers only**:
+    /// C2SP requires that a salt never repeats for an input key.
+    pub fn with_salt_for_tests(mut self, salt: [u8; SALT_LEN]) -> Self {
+        self.salt = Some(salt);
+        self
+    }
+
+    /// The AEAD.
+    pub fn aead(&self) -> Aead {
+        self.aead
+    }
+}
+
+/// What a decryption expects.
+#[derive(Clone, Debug)]
+pub enum OpenParams {
+    /// A hetcrypt file: AEAD and hash come from its wrapper header.
+    Hetcrypt,
+    /// A bare C2SP ciphertext.
+    Bare {
+        /// The AEAD.
+        aead: Aead,
+        /// The HKDF hash.
+        hash: Hash,
+        /// The context.
+        context: Vec<u8>,
+    },
+}
+
+/// Reads until `buf` is full or the input ends; returns how many bytes were read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Encrypts one message from a reader to a writer.
+pub struct EncryptStream<R, W> {
+    reader: R,
+    writer: W,
+    input_key: Zeroizing<Vec<u8>>,
+    params: SealParams,
+    keys: Option<ChunkKeys>,
+    next_in: u64,
+    next_out: u64,
+    input_done: bool,
+    plaintext_bytes: u64,
+    output_bytes: u64,
+}
+
+impl<R, W> fmt::Debug for EncryptStream<R, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncryptStream")
+            .field("aead", &self.params.aead)
+            .field("next_in", &self.next_in)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Read, W: Write> EncryptStream<R, W> {
+    /// A stream that encrypts `reader` into `writer` under `input_key` (whose length
+    /// must be the AEAD's key length).
+    pub fn new(reader: R, writer: W, input_key: &[u8], params: SealParams) -> Self {
+        EncryptStream {
+            reader,
+            writer,
+            input_key: Zeroizing::new(input_key.to_vec()),
+            params,
+            keys: None,
+            next_in: 0,
+            next_out: 0,
+            input_done: false,
+            plaintext_bytes: 0,
+            output_bytes: 0,
+        }
+    }
+
+    /// Plaintext bytes read so far.
+    pub fn plaintext_bytes(&self) -> u64 {
+        self.plaintext_bytes
+    }
+
+    /// Bytes written so far (headers and chunks).
+    pub fn output_bytes(&self) -> u64 {
+        self.output_bytes
+    }
+
+    /// The writer (and reader), once the stream is done with them.
+    pub fn into_parts(self) -> (R, W) {
+        (self.reader, self.writer)
+    }
+
+    /// Derives the message keys and writes the headers.
+    fn start(&mut self, dispatcher: &Dispatcher) -> Result<ChunkKeys> {
+        let aead = self.params.aead;
+        let salt = match self.params.salt {
+            Some(salt) => salt,
+            None => {
+                let mut salt = [0u8; SALT_LEN];
+                openssl::rand::rand_bytes(&mut salt)?;
+                salt
+            }
+        };
+        let wrapper;
+        let context: &[u8] = match &self.params.framing {
+            Framing::Hetcrypt => {
+                wrapper = Wrapper {
+                    aead,
+                    hash: self.params.hash,
+                }
+                .to_bytes();
+                self.writer.write_all(&wrapper)?;
+                self.output_bytes += WRAPPER_LEN as u64;
+                &wrapper
+            }
+            Framing::Bare { context } => context,
+        };
+        let derived = kdf::derive(self.params.hash, aead, &self.input_key, &salt, context)?;
+        self.writer.write_all(&salt)?;
+        self.writer.write_all(&derived.commitment)?;
+        self.output_bytes += (SALT_LEN + COMMITMENT_LEN) as u64;
+        ChunkKeys::new(dispatcher, aead, &derived.key, &derived.base_nonce)
+    }
+}
+
+impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
+    fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+        if self.input_done {
+            return Ok(None);
+        }
+        if self.keys.is_none() {
+            self.keys = Some(self.start(dispatcher)?);
+        }
+        let keys = self.keys.as_ref().expect("set just above");
+        let mut chunk = vec![0u8; CHUNK_SIZE];
+        let n = read_full(&mut self.reader, &mut chunk)?;
+        chunk.truncate(n);
+        // The one correct chunking: full chunks, then a final one that is shorter
+        // (empty when the message is a multiple of 16 KiB, or empty).
+        self.input_done = n < CHUNK_SIZE;
+        self.plaintext_bytes += n as u64;
+        let job = keys.seal_job(self.next_in, chunk)?;
+        self.next_in += 1;
+        Ok(Some(job))
+    }
+
+    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
+        let keys = self
+            .keys
+            .as_ref()
+            .expect("a job was handed out, so keys exist");
+        let data = keys.seal_finish(self.next_out, output)?;
+        self.writer.write_all(&data)?;
+        self.output_bytes += data.len() as u64;
+        self.next_out += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        debug_assert!(self.input_done && self.next_out == self.next_in);
+        self.writer.flush()?;
+        Ok(())
+    }
+}
+
+/// Decrypts one message from a reader to a writer.
+///
+/// Each chunk is authenticated before its plaintext is written, but the message as a
+/// whole (its length: no truncation, no trailing data) is authenticated only when
+/// [`Stream::finish`] succeeds: until then the writer holds *unauthenticated* output
+/// that a caller must not release (the CLI writes to a temporary file and renames it
+/// only then).
+pub struct DecryptStream<R, W> {
+    reader: BufReader<R>,
+    writer: W,
+    input_key: Zeroizing<Vec<u8>>,
+    params: OpenParams,
+    keys: Option<ChunkKeys>,
+    next_in: u64,
+    next_out: u64,
+    last: Option<u64>,
+    plaintext_bytes: u64,
+    input_bytes: u64,
+}
+
+impl<R, W> fmt::Debug for DecryptStream<R, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DecryptStream")
+            .field("next_in", &self.next_in)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Read, W: Write> DecryptStream<R, W> {
+    /// A stream that decrypts `reader` into `writer` under `input_key`.
+    pub fn new(reader: R, writer: W, input_key: &[u8], params: OpenParams) -> Self {
+        DecryptStream {
+            // Room for a whole chunk plus the byte after it, so the look-ahead that
+            // decides whether a full chunk was the last one rarely needs a syscall.
+            reader: BufReader::with_capacity(2 * CHUNK_SIZE, reader),
+            writer,
+            input_key: Zeroizing::new(input_key.to_vec()),
+            params,
+            keys: None,
+            next_in: 0,
+            next_out: 0,
+            last: None,
+            plaintext_bytes: 0,
+            input_bytes: 0,
+        }
+    }
+
+    /// Authenticated plaintext bytes written so far.
+    pub fn plaintext_bytes(&self) -> u64 {
+        self.plaintext_bytes
+    }
+
+    /// Ciphertext bytes read so far.
+    pub fn input_bytes(&self) -> u64 {
+        self.input_bytes
+    }
+
+    /// The AEAD, once the header has been read.
+    pub fn aead(&self) -> Option<Aead> {
+        self.keys.as_ref().map(ChunkKeys::aead)
+    }
+
+    /// The writer (and reader), once the stream is done with them.
+    pub fn into_parts(self) -> (R, W) {
+        (self.reader.into_inner(), self.writer)
+    }
+
+    /// Reads the headers and checks the commitment, before any chunk is decrypted.
+    fn start(&mut self, dispatcher: &Dispatcher) -> Result<ChunkKeys> {
+        let mut wrapper_bytes = [0u8; WRAPPER_LEN];
+        let (aead, hash, context): (Aead, Hash, &[u8]) = match &self.params {
+            OpenParams::Hetcrypt => {
+                let n = read_full(&mut self.reader, &mut wrapper_bytes)?;
+                self.input_bytes += n as u64;
+                let w = Wrapper::parse(&wrapper_bytes[..n])?;
+                (w.aead, w.hash, &wrapper_bytes)
+            }
+            OpenParams::Bare {
+                aead,
+                hash,
+                context,
+            } => (*aead, *hash, context),
+        };
+        if self.input_key.len() != aead.key_len() {
+            return Err(FormatError::KeyLength {
+                aead,
+                expected: aead.key_len(),
+                got: self.input_key.len(),
+            });
+        }
+        let mut header = [0u8; SALT_LEN + COMMITMENT_LEN];
+        let n = read_full(&mut self.reader, &mut header)?;
+        self.input_bytes += n as u64;
+        if n < header.len() {
+            return Err(FormatError::Truncated(format!(
+                "the header has {n} of its {} bytes (salt and commitment)",
+                header.len()
+            )));
+        }
+        let (salt, commitment) = header.split_at(SALT_LEN);
+        let salt: &[u8; SALT_LEN] = salt.try_into().expect("split at SALT_LEN");
+        let derived = kdf::derive(hash, aead, &self.input_key, salt, context)?;
+        if !openssl::memcmp::eq(&derived.commitment, commitment) {
+            return Err(FormatError::WrongKey);
+        }
+        ChunkKeys::new(dispatcher, aead, &derived.key, &derived.base_nonce)
+    }
+}
+
+impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
+    fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+        if self.last.is_some() {
+            return Ok(None);
+        }
+        if self.keys.is_none() {
+            self.keys = Some(self.start(dispatcher)?);
+        }
+        let keys = self.keys.as_ref().expect("set just above");
+        let full = keys.aead().full_chunk_len();
+        let mut piece = vec![0u8; full];
+        let n = read_full(&mut self.reader, &mut piece)?;
+        piece.truncate(n);
+        self.input_bytes += n as u64;
+        let last = if n < full {
+            true
+        } else if self.reader.fill_buf()?.is_empty() {
+            // A full chunk can never be the last one.
+            return Err(FormatError::Truncated(format!(
+                "the input ends after full chunk {}: the final short chunk is missing",
+                self.next_in
+            )));
+        } else {
+            false
+        };
+        let index = self.next_in;
+        let job = keys.open_job(index, piece, last)?;
+        self.next_in += 1;
+        if last {
+            self.last = Some(index);
+        }
+        Ok(Some(job))
+    }
+
+    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
+        let keys = self
+            .keys
+            .as_ref()
+            .expect("a job was handed out, so keys exist");
+        let last = self.last == Some(self.next_out);
+        let data = keys.open_finish(self.next_out, output, last)?;
+        self.writer.write_all(&data)?;
+        self.plaintext_bytes += data.len() as u64;
+        self.next_out += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self.last {
+            Some(last) if self.next_out == last + 1 => {
+                self.writer.flush()?;
+                Ok(())
+            }
+            _ => Err(FormatError::Truncated("the message ended early".into())),
+        }
+    }
+}
