@@ -1,0 +1,230 @@
+//! The pipeline with many streams: failures stay with their stream, outputs stay in
+//! order, dispatchers are renewed without losing a message, failed engines are not
+//! used again.
+
+mod common;
+
+use std::io::{self, Write};
+
+use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::fault::{Fault, FaultyEngine};
+use hetcrypt::policy::Pull;
+use hetcrypt_format::pipeline::MESSAGES_PER_DISPATCHER;
+use hetcrypt_format::{
+    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
+    CHUNK_SIZE,
+};
+
+/// A writer that fails with "no space left" once `limit` bytes were written.
+struct FullDisk {
+    data: Vec<u8>,
+    limit: usize,
+}
+
+impl Write for FullDisk {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.data.len() + buf.len() > self.limit {
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.data.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader that fails after `ok` bytes, as a disk with a bad sector.
+struct BadSector<'a> {
+    data: &'a [u8],
+    ok: usize,
+}
+
+impl io::Read for BadSector<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.ok == 0 {
+            return Err(io::Error::other("bad sector"));
+        }
+        let n = buf.len().min(self.ok).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        self.ok -= n;
+        Ok(n)
+    }
+}
+
+struct Results<S>(Vec<(S, hetcrypt_format::Result<()>)>);
+
+impl<S> Observer<S> for Results<S> {
+    fn done(&mut self, s: S, r: hetcrypt_format::Result<()>) {
+        self.0.push((s, r));
+    }
+}
+
+#[test]
+fn a_full_disk_fails_only_its_own_stream() {
+    let key = [3u8; 16];
+    let inputs: Vec<Vec<u8>> = (0..6)
+        .map(|i| common::pattern(i * 20_000 + 10, i as u64))
+        .collect();
+    let streams = inputs.iter().enumerate().map(|(i, pt)| {
+        // Stream 2's disk fills up after 30 KB.
+        let limit = if i == 2 { 30_000 } else { usize::MAX };
+        EncryptStream::new(
+            &pt[..],
+            FullDisk {
+                data: Vec::new(),
+                limit,
+            },
+            &key,
+            SealParams::new(Aead::Aes128Gcm),
+        )
+    });
+    let mut results = Results(Vec::new());
+    let mut p = Pipeline::new(common::two_engines(), &Pull)
+        .unwrap()
+        .window(3);
+    p.run(streams, &mut results).unwrap();
+    assert_eq!(results.0.len(), 6);
+    for (i, (stream, result)) in results.0.into_iter().enumerate() {
+        let (_, out) = stream.into_parts();
+        if i == 2 {
+            let err = result.unwrap_err();
+            assert!(
+                matches!(&err, FormatError::Io(e) if e.raw_os_error() == Some(28)),
+                "{err:?}"
+            );
+        } else {
+            result.unwrap();
+            let o = common::open(
+                &common::cpu(),
+                &Pull,
+                &key,
+                OpenParams::Hetcrypt,
+                &out.data,
+                4,
+            );
+            o.result.unwrap();
+            assert!(o.written == inputs[i], "stream {i}");
+        }
+    }
+}
+
+#[test]
+fn an_unreadable_input_fails_only_its_own_stream() {
+    let key = [4u8; 32];
+    let data = common::pattern(100_000, 1);
+    let streams = (0..4).map(|i| {
+        let ok = if i == 1 { 40_000 } else { usize::MAX };
+        EncryptStream::new(
+            BadSector { data: &data, ok },
+            Vec::new(),
+            &key,
+            SealParams::new(Aead::Aes256Gcm),
+        )
+    });
+    let mut results = Results(Vec::new());
+    Pipeline::new(common::cpu(), &Pull)
+        .unwrap()
+        .window(4)
+        .run(streams, &mut results)
+        .unwrap();
+    let ok: Vec<bool> = results.0.iter().map(|(_, r)| r.is_ok()).collect();
+    assert_eq!(ok, [true, false, true, true]);
+}
+
+#[test]
+fn bad_files_among_good_ones_when_decrypting() {
+    let key = [5u8; 16];
+    let pts: Vec<Vec<u8>> = (0..5)
+        .map(|i| common::pattern(i * CHUNK_SIZE + 17, 40 + i as u64))
+        .collect();
+    let mut cts: Vec<Vec<u8>> = pts
+        .iter()
+        .map(|pt| {
+            common::seal(
+                &common::cpu(),
+                &Pull,
+                &key,
+                SealParams::new(Aead::Aes128Gcm),
+                pt,
+                8,
+            )
+            .unwrap()
+        })
+        .collect();
+    let last = cts[3].len() - 1;
+    cts[3][last] ^= 1; // tampered tag of the final chunk
+    cts[1].truncate(40); // truncated header
+    let streams = cts
+        .iter()
+        .map(|ct| DecryptStream::new(&ct[..], Vec::new(), &key, OpenParams::Hetcrypt));
+    let mut results = Results(Vec::new());
+    Pipeline::new(common::two_engines(), &Pull)
+        .unwrap()
+        .window(2)
+        .run(streams, &mut results)
+        .unwrap();
+    for (i, (stream, result)) in results.0.into_iter().enumerate() {
+        match i {
+            1 => assert!(
+                matches!(result, Err(FormatError::Truncated(_))),
+                "{result:?}"
+            ),
+            3 => assert!(
+                matches!(result, Err(FormatError::Tampered { chunk: 3, .. })),
+                "{result:?}"
+            ),
+            _ => {
+                result.unwrap();
+                assert!(stream.into_parts().1 == pts[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn many_messages_across_dispatcher_renewals() {
+    let key = [6u8; 32];
+    let n = MESSAGES_PER_DISPATCHER * 2 + 10;
+    let pts: Vec<Vec<u8>> = (0..n).map(|i| common::pattern(i % 50, i as u64)).collect();
+    let streams = pts.iter().map(|pt| {
+        EncryptStream::new(
+            &pt[..],
+            Vec::new(),
+            &key,
+            SealParams::new(Aead::Aes128CbcHmacSha256),
+        )
+    });
+    let mut results = Results(Vec::new());
+    let mut p = Pipeline::new(common::cpu(), &Pull).unwrap();
+    p.run(streams, &mut results).unwrap();
+    assert_eq!(results.0.len(), n);
+    assert_eq!(p.stats().jobs, n as u64);
+    for (i, (stream, result)) in results.0.into_iter().enumerate() {
+        result.unwrap();
+        let ct = stream.into_parts().1;
+        let o = common::open(&common::cpu(), &Pull, &key, OpenParams::Hetcrypt, &ct, 4);
+        assert!(o.result.is_ok() && o.written == pts[i], "message {i}");
+    }
+}
+
+#[test]
+fn a_failing_engine_loses_no_chunk() {
+    let key = [9u8; 16];
+    let pt = common::pattern(40 * CHUNK_SIZE + 3, 77);
+    let engines = vec![
+        FaultyEngine::new(
+            "flaky",
+            CpuEngine::with_lanes(1).into_engine(),
+            Fault::AfterJobs(5),
+        )
+        .into_engine(),
+        CpuEngine::with_lanes(1).into_engine(),
+    ];
+    let salt = [1u8; 24];
+    let params = SealParams::new(Aead::Aes128Gcm).with_salt_for_tests(salt);
+    let ct = common::seal(&engines, &Pull, &key, params.clone(), &pt, 8).unwrap();
+    let reference = common::seal(&common::cpu(), &Pull, &key, params, &pt, 8).unwrap();
+    assert!(ct == reference, "fail-over changed the ciphertext");
+}
