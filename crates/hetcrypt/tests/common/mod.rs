@@ -77,10 +77,11 @@ pub fn engines() -> Vec<EngineRef> {
     list
 }
 
-/// The seed of this test binary's random tests, printed once so a failure reproduces.
+/// The seed of this test binary's random tests, printed at every call so that each
+/// test's captured output shows it.
 pub fn seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
-    *SEED.get_or_init(|| {
+    let seed = *SEED.get_or_init(|| {
         let seed = match std::env::var(SEED_ENV) {
             Ok(s) => s
                 .trim()
@@ -90,9 +91,10 @@ pub fn seed() -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         };
-        eprintln!("random tests: seed {seed} (reproduce with {SEED_ENV}={seed})");
         seed
-    })
+    });
+    eprintln!("random tests: seed {seed} (reproduce with {SEED_ENV}={seed})");
+    seed
 }
 
 /// `n` scaled by [`SCALE_ENV`] (or [`TESTBED_SCALE`] in the testbed), at least 1.
