@@ -79,6 +79,19 @@ pub enum Error {
         /// The cipher.
         cipher: Cipher,
     },
+    /// A job larger than one request of the engine can carry, and the engine cannot
+    /// split it (an AF_ALG AEAD request must fit the socket buffers whole).
+    #[error("{engine}: a {cipher} job of {len} bytes exceeds its largest request of {max} bytes")]
+    TooLarge {
+        /// The cipher.
+        cipher: Cipher,
+        /// The engine.
+        engine: String,
+        /// Input bytes (AAD included).
+        len: usize,
+        /// The most it takes.
+        max: usize,
+    },
     /// A job names a key id that was never registered.
     #[error("unknown key id {0}")]
     UnknownKey(u32),

@@ -1,41 +1,734 @@
 //! The `kernel` engine: the Linux kernel crypto API through AF_ALG sockets.
+//!
+//! `kernel` binds the generic names (`cbc(aes)`, `ctr(aes)`, `gcm(aes)`), so the kernel
+//! picks its highest-priority driver for each; `kernel:<driver>` binds one driver by
+//! name (AF_ALG accepts a driver name where an algorithm name goes) and runs only what
+//! `/proc/crypto` says that driver implements. What is usable is probed when the engine
+//! opens; an engine with nothing usable is unavailable, with the reason.
+//!
+//! A device can vanish mid-batch (hot-unplug). The first error of that kind poisons the
+//! whole engine: every lane returns [`Error::EngineFailed`] from then on without
+//! touching the kernel again, because a second request on a socket whose device is
+//! gone crashed the Debian 6.1 kernel in our testbed (DESIGN.md section 3).
 
-use crate::engine::EngineRef;
+mod afalg;
+mod proc_crypto;
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use block_padding::{Padding, Pkcs7};
+use nix::errno::Errno;
+
+use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
+use self::proc_crypto::AlgEntry;
+use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
+use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
+use crate::job::{Job, JobOutput, TAG_LEN};
+use crate::key::{KeyId, KeyStore};
+
+/// The kernel algorithms hetcrypt uses, with their AF_ALG socket type and the modes
+/// each serves (padding is applied in user space around raw `cbc(aes)`).
+const ALGORITHMS: [(&str, AlgType, &[Mode]); 3] = [
+    ("cbc(aes)", AlgType::Skcipher, &[Mode::Cbc, Mode::CbcPkcs7]),
+    ("ctr(aes)", AlgType::Skcipher, &[Mode::Ctr]),
+    ("gcm(aes)", AlgType::Aead, &[Mode::Gcm]),
+];
+
+/// Default lanes per engine: one. A lane is one thread driving one operation socket
+/// with one request in flight. The virtio-crypto driver funnels every request of a
+/// device through one `crypto_engine` kthread per data queue, and QEMU gives the
+/// device one data queue, so a second lane would only queue behind the first while
+/// costing a thread; a software driver runs on the calling CPU, where the `cpu`
+/// engine's lanes already are. [`KernelEngine::with_lanes`] raises it for multi-queue
+/// hardware.
+const DEFAULT_LANES: usize = 1;
+
+/// Most bytes of one skcipher request: 16 pages (the kernel's `ALG_MAX_PAGES`, the
+/// most one AF_ALG scatterlist entry maps) of 4 KiB, the unit libkcapi streams in.
+/// Well under the default socket buffers (`net.core.wmem_default`, 208 KiB), so a
+/// request never waits for space; larger jobs are cut into such requests, each with
+/// the IV/counter the previous one ends with.
+const SKCIPHER_REQUEST_MAX: usize = 16 * 4096;
+
+/// Keyed transforms a lane keeps (one per key and algorithm, two sockets each).
+/// Bounded so per-file keys cannot exhaust descriptors or the device's sessions
+/// (QEMU's built-in virtio-crypto backend holds at most 256); the least recently used
+/// is closed when full.
+const MAX_CONTEXTS_PER_LANE: usize = 32;
+
+/// The running kernel's release (`uname -r`), e.g. `6.1.0-56-amd64`: every report of
+/// a kernel engine's results should carry it.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|e| format!("unknown ({})", e.desc()))
+}
+
+/// One kernel algorithm as this engine serves it.
+#[derive(Clone, Debug)]
+struct Served {
+    /// The generic algorithm, e.g. `cbc(aes)`.
+    algorithm: &'static str,
+    ty: AlgType,
+    /// What `bind` is given: the generic name or the driver name.
+    bind_name: String,
+    modes: &'static [Mode],
+    /// Key sizes the driver accepted when probed.
+    key_sizes: Vec<KeySize>,
+    /// The driver that serves it, from `/proc/crypto` (absent if not listed).
+    entry: Option<AlgEntry>,
+    /// Whether that driver runs on a separate device.
+    offload: bool,
+}
+
+/// Shared by an engine and all its lanes.
+#[derive(Debug)]
+struct State {
+    name: String,
+    served: Vec<Served>,
+    release: String,
+    /// Set once, at the first failure of the engine; never cleared.
+    poisoned: AtomicBool,
+    reason: OnceLock<String>,
+}
+
+impl State {
+    fn served(&self, cipher: Cipher) -> Option<&Served> {
+        self.served
+            .iter()
+            .find(|s| s.modes.contains(&cipher.mode) && s.key_sizes.contains(&cipher.key_size))
+    }
+
+    /// Marks the engine failed; every lane stops using the kernel.
+    fn poison(&self, reason: String) -> Error {
+        let reason = self.reason.get_or_init(|| reason).clone();
+        self.poisoned.store(true, Ordering::Release);
+        Error::EngineFailed {
+            engine: self.name.clone(),
+            reason,
+        }
+    }
+
+    fn check_poison(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::EngineFailed {
+                engine: self.name.clone(),
+                reason: format!(
+                    "stopped after an earlier failure: {}",
+                    self.reason.get().map_or("unknown", String::as_str)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
 
 /// The kernel crypto API as an engine (AF_ALG `skcipher` for CBC/CTR, `aead` for GCM).
 #[derive(Debug)]
 pub struct KernelEngine {
-    _private: (),
+    state: Arc<State>,
+    lanes: usize,
 }
 
 impl KernelEngine {
     /// The engine named `kernel`, binding the generic algorithm names (`cbc(aes)`, ...)
     /// so the kernel picks its highest-priority driver for each.
     pub fn open() -> Result<Self> {
-        Self::unavailable("kernel")
+        Self::probe("kernel".to_string(), None)
     }
 
     /// The engine named `kernel:<driver>`, binding one named driver (e.g.
     /// `virtio_crypto_aes_cbc`) for the cipher(s) it implements.
     pub fn with_driver(driver: &str) -> Result<Self> {
-        Self::unavailable(&format!("kernel:{driver}"))
+        Self::probe(format!("kernel:{driver}"), Some(driver))
     }
 
-    /// Sets the lane count (concurrent operation sockets, one thread each).
-    pub fn with_lanes(self, _lanes: usize) -> Self {
+    /// Sets the lane count (concurrent operation sockets, one thread each; at least one).
+    pub fn with_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes.max(1);
         self
     }
 
     /// Wraps the engine for a dispatcher.
     pub fn into_engine(self) -> EngineRef {
-        unreachable!("a KernelEngine cannot be built yet")
+        Arc::new(self)
     }
 
-    fn unavailable(engine: &str) -> Result<Self> {
-        Err(Error::EngineUnavailable {
-            engine: engine.to_string(),
-            reason: "the AF_ALG engine is not implemented yet".to_string(),
+    /// The kernel release this engine runs on (`uname -r`).
+    pub fn kernel_release(&self) -> &str {
+        &self.state.release
+    }
+
+    fn probe(name: String, driver: Option<&str>) -> Result<Self> {
+        let unavailable = |reason: String| Error::EngineUnavailable {
+            engine: name.clone(),
+            reason,
+        };
+        match afalg::alg_socket() {
+            Ok(_) => {}
+            Err(SysError {
+                errno: Errno::EAFNOSUPPORT,
+                ..
+            }) => return Err(unavailable("AF_ALG not supported by this kernel".into())),
+            Err(e) => return Err(unavailable(format!("cannot open an AF_ALG socket: {e}"))),
+        }
+        let served = match driver {
+            None => probe_generic().map_err(unavailable)?,
+            Some(driver) => probe_driver(driver).map_err(unavailable)?,
+        };
+        Ok(KernelEngine {
+            state: Arc::new(State {
+                name,
+                served,
+                release: kernel_release(),
+                poisoned: AtomicBool::new(false),
+                reason: OnceLock::new(),
+            }),
+            lanes: DEFAULT_LANES,
         })
+    }
+}
+
+/// Reads `/proc/crypto`, or nothing if it cannot be read (the driver columns then
+/// stay empty; binding still tells what works).
+fn proc_entries() -> Vec<AlgEntry> {
+    proc_crypto::read(Path::new(proc_crypto::PROC_CRYPTO)).unwrap_or_default()
+}
+
+/// Binds `bind_name` as `ty` and sets a key of every AES size, to learn which the
+/// driver takes. `Err` only when it cannot be bound at all.
+fn probe_key_sizes(ty: AlgType, bind_name: &str) -> std::result::Result<Vec<KeySize>, SysError> {
+    let tfm = Tfm::bind(ty, bind_name)?;
+    /// A key of zeros: the probe only asks whether the driver takes the length.
+    const PROBE_KEY: [u8; 32] = [0; 32];
+    Ok(KeySize::ALL
+        .into_iter()
+        .filter(|ks| tfm.set_key(&PROBE_KEY[..ks.key_len()]).is_ok())
+        .collect())
+}
+
+/// The `kernel` engine's algorithms: each generic name that binds.
+fn probe_generic() -> std::result::Result<Vec<Served>, String> {
+    let mut served = Vec::new();
+    let mut missing = Vec::new();
+    for (algorithm, ty, modes) in ALGORITHMS {
+        match probe_key_sizes(ty, algorithm) {
+            Ok(key_sizes) if !key_sizes.is_empty() => served.push(Served {
+                algorithm,
+                ty,
+                bind_name: algorithm.to_string(),
+                modes,
+                key_sizes,
+                entry: None,
+                offload: false,
+            }),
+            Ok(_) => missing.push(format!("{algorithm}: no AES key size accepted")),
+            Err(e) => missing.push(format!("{algorithm}: {e}")),
+        }
+    }
+    if served.is_empty() {
+        return Err(format!(
+            "no AES algorithm can be bound ({}); are algif_skcipher/algif_aead loaded?",
+            missing.join("; ")
+        ));
+    }
+    // Read after binding: binding can instantiate a template (`gcm(aes)` from
+    // `gcm_base(...)`) that is only listed from then on.
+    let entries = proc_entries();
+    for s in &mut served {
+        s.entry = proc_crypto::best(&entries, s.algorithm, s.ty.as_str()).cloned();
+        s.offload = s.entry.as_ref().is_some_and(|e| e.is_offload(&entries));
+    }
+    Ok(served)
+}
+
+/// The `kernel:<driver>` engine's algorithm: the one `/proc/crypto` lists for that
+/// driver, if hetcrypt uses it.
+fn probe_driver(driver: &str) -> std::result::Result<Vec<Served>, String> {
+    if driver.len() > ALG_NAME_MAX || driver.contains('\0') {
+        return Err(format!(
+            "'{}' is not a driver name (AF_ALG takes at most {ALG_NAME_MAX} bytes)",
+            driver.escape_debug()
+        ));
+    }
+    let mut entries = proc_entries();
+    if proc_crypto::by_driver(&entries, driver).is_none() {
+        // Not listed yet: binding by driver name may load its module or instantiate a
+        // template (`cbc(aes-generic)`); then it is listed.
+        let bound = [AlgType::Skcipher, AlgType::Aead]
+            .into_iter()
+            .any(|ty| Tfm::bind(ty, driver).is_ok());
+        if !bound {
+            return Err(format!(
+                "no driver named '{driver}' (not in /proc/crypto, and binding it fails)"
+            ));
+        }
+        entries = proc_entries();
+    }
+    let entry = proc_crypto::by_driver(&entries, driver)
+        .ok_or_else(|| format!("driver '{driver}' binds but /proc/crypto does not list it"))?
+        .clone();
+    let (algorithm, ty, modes) = ALGORITHMS
+        .into_iter()
+        .find(|(name, ty, _)| *name == entry.name && ty.as_str() == entry.kind)
+        .ok_or_else(|| {
+            format!(
+                "driver '{driver}' implements {} ({}), which hetcrypt does not use",
+                entry.name, entry.kind
+            )
+        })?;
+    let key_sizes = probe_key_sizes(ty, driver).map_err(|e| format!("driver '{driver}': {e}"))?;
+    if key_sizes.is_empty() {
+        return Err(format!("driver '{driver}' accepts no AES key size"));
+    }
+    let offload = entry.is_offload(&entries);
+    Ok(vec![Served {
+        algorithm,
+        ty,
+        bind_name: driver.to_string(),
+        modes,
+        key_sizes,
+        entry: Some(entry),
+        offload,
+    }])
+}
+
+impl Engine for KernelEngine {
+    fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    fn info(&self) -> EngineInfo {
+        let mut ciphers = Vec::new();
+        for s in &self.state.served {
+            for &mode in s.modes {
+                for &key_size in &s.key_sizes {
+                    let e = s.entry.as_ref();
+                    ciphers.push(CipherDriver {
+                        cipher: Cipher::new(key_size, mode),
+                        driver: format!(
+                            "{} ({} on Linux {})",
+                            e.map_or("unlisted in /proc/crypto", |e| e.driver.as_str()),
+                            s.algorithm,
+                            self.state.release
+                        ),
+                        priority: e.and_then(|e| e.priority),
+                        module: e.map(|e| e.module.clone()),
+                        is_async: e.map(|e| e.is_async),
+                    });
+                }
+            }
+        }
+        ciphers.sort_by_key(|c| c.cipher);
+        EngineInfo {
+            name: self.state.name.clone(),
+            kind: EngineKind::Kernel,
+            lanes: self.lanes,
+            ciphers,
+        }
+    }
+
+    fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    fn supports(&self, cipher: Cipher, _direction: Direction) -> bool {
+        self.state.served(cipher).is_some()
+    }
+
+    fn open_lane(&self, _index: usize) -> Result<Box<dyn Lane>> {
+        self.state.check_poison()?;
+        Ok(Box::new(KernelLane {
+            state: Arc::clone(&self.state),
+            contexts: HashMap::new(),
+            clock: 0,
+            aad_scratch: Vec::new(),
+        }))
+    }
+
+    /// False when every cipher is served by an offload device (the lane thread mostly
+    /// sleeps in `read`); true when any is software running on the host CPU.
+    fn uses_host_cpu(&self) -> bool {
+        !self.state.served.iter().all(|s| s.offload)
+    }
+}
+
+/// A keyed transform and its operation socket, cached per (key, algorithm, key size).
+#[derive(Debug)]
+struct Context {
+    /// Kept open: closing it would free the kernel transform under `op`.
+    _tfm: Tfm,
+    op: OpSocket,
+    /// Most input and output bytes one request may carry on `op`.
+    limits: (usize, usize),
+    last_used: u64,
+}
+
+type ContextKey = (KeyId, &'static str, KeySize);
+
+/// One `kernel` lane: cached keyed sockets, one request in flight at a time.
+struct KernelLane {
+    state: Arc<State>,
+    contexts: HashMap<ContextKey, Context>,
+    /// Counts uses, for least-recently-used eviction.
+    clock: u64,
+    /// Where the kernel writes back the AAD of a GCM request (it copies it to the
+    /// output ahead of the ciphertext).
+    aad_scratch: Vec<u8>,
+}
+
+/// How a failed request is classified.
+enum Failure {
+    /// The job's own fault (GCM tag mismatch): the socket stays usable.
+    Job(Error),
+    /// The engine's: poison it.
+    Engine(String),
+}
+
+impl KernelLane {
+    /// The keyed context for this job, opened (and keyed) on first use.
+    fn context(
+        &mut self,
+        job: &Job,
+        served: &Served,
+        keys: &KeyStore,
+    ) -> std::result::Result<&mut Context, Failure> {
+        let cache_key = (job.key, served.algorithm, job.cipher.key_size);
+        self.clock += 1;
+        let now = self.clock;
+        if !self.contexts.contains_key(&cache_key) {
+            let cipher = job.cipher;
+            let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
+                Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
+            })?;
+            keys.with_key(job.key, |key| {
+                if key.len() != cipher.key_len() {
+                    return Err(Failure::Job(Error::KeyLength {
+                        cipher,
+                        expected: cipher.key_len(),
+                        got: key.len(),
+                    }));
+                }
+                tfm.set_key(key.as_bytes())
+                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))
+            })
+            .map_err(Failure::Job)??;
+            if served.ty == AlgType::Aead {
+                tfm.set_aead_tag_len(TAG_LEN)
+                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
+            }
+            let op = tfm
+                .accept()
+                .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
+            let limits = op
+                .limits()
+                .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
+            if self.contexts.len() >= MAX_CONTEXTS_PER_LANE {
+                let oldest = self
+                    .contexts
+                    .iter()
+                    .min_by_key(|(_, c)| c.last_used)
+                    .map(|(k, _)| *k);
+                if let Some(oldest) = oldest {
+                    self.contexts.remove(&oldest);
+                }
+            }
+            self.contexts.insert(
+                cache_key,
+                Context {
+                    _tfm: tfm,
+                    op,
+                    limits,
+                    last_used: now,
+                },
+            );
+        }
+        let ctx = self
+            .contexts
+            .get_mut(&cache_key)
+            .expect("inserted above when missing");
+        ctx.last_used = now;
+        Ok(ctx)
+    }
+}
+
+impl Lane for KernelLane {
+    fn run(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        job.validate()?;
+        // A poisoned engine never touches the kernel again.
+        self.state.check_poison()?;
+        let state = Arc::clone(&self.state);
+        let served = state.served(job.cipher).ok_or_else(|| Error::Unsupported {
+            cipher: job.cipher,
+            engine: state.name.clone(),
+        })?;
+        out.data.clear();
+        out.tag = None;
+        let mut scratch = std::mem::take(&mut self.aad_scratch);
+        let result = match self.context(job, served, keys) {
+            Ok(ctx) => match served.ty {
+                AlgType::Skcipher => run_skcipher(ctx, job, out),
+                AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name),
+            },
+            Err(f) => Err(f),
+        };
+        self.aad_scratch = scratch;
+        match result {
+            Ok(()) => Ok(()),
+            Err(Failure::Job(e)) => {
+                out.data.clear();
+                out.tag = None;
+                Err(e)
+            }
+            Err(Failure::Engine(what)) => {
+                out.data.clear();
+                out.tag = None;
+                // The socket that failed stays in the cache, never used again: the
+                // poison flag stops every lane before it reaches the kernel.
+                Err(state.poison(format!(
+                    "{what} (driver {}, Linux {}); engine stopped, its jobs go elsewhere",
+                    served
+                        .entry
+                        .as_ref()
+                        .map_or(served.bind_name.as_str(), |e| e.driver.as_str()),
+                    state.release
+                )))
+            }
+        }
+    }
+}
+
+/// An unexpected kernel error: the engine's failure.
+fn engine_failure(e: SysError) -> Failure {
+    Failure::Engine(e.to_string())
+}
+
+/// The input of a skcipher job as the kernel sees it: the job's bytes, plus (PKCS#7
+/// encryption) a last block holding the partial tail and the padding.
+struct SkInput<'a> {
+    body: &'a [u8],
+    tail: Option<[u8; BLOCK_LEN]>,
+}
+
+impl SkInput<'_> {
+    fn len(&self) -> usize {
+        self.body.len() + self.tail.map_or(0, |_| BLOCK_LEN)
+    }
+
+    /// The bytes `[pos, pos + n)`, as at most two slices.
+    fn slices(&self, pos: usize, n: usize) -> Vec<IoSlice<'_>> {
+        let mut v = Vec::with_capacity(2);
+        let end = pos + n;
+        if pos < self.body.len() {
+            v.push(IoSlice::new(&self.body[pos..end.min(self.body.len())]));
+        }
+        if let Some(tail) = &self.tail {
+            if end > self.body.len() {
+                let from = pos.saturating_sub(self.body.len());
+                v.push(IoSlice::new(&tail[from..end - self.body.len()]));
+            }
+        }
+        v
+    }
+
+    /// The 16 bytes ending at `end` (CBC decryption chains on input blocks).
+    fn block_before(&self, end: usize) -> [u8; BLOCK_LEN] {
+        let mut b = [0u8; BLOCK_LEN];
+        for (i, byte) in b.iter_mut().enumerate() {
+            let p = end - BLOCK_LEN + i;
+            *byte = if p < self.body.len() {
+                self.body[p]
+            } else {
+                self.tail.map_or(0, |t| t[p - self.body.len()])
+            };
+        }
+        b
+    }
+}
+
+/// CBC or CTR: the input in requests of at most [`SKCIPHER_REQUEST_MAX`] bytes, each
+/// given the IV that continues the previous one, so the result equals one-shot
+/// processing whatever the driver does with the IV it is handed back.
+fn run_skcipher(
+    ctx: &mut Context,
+    job: &Job,
+    out: &mut JobOutput,
+) -> std::result::Result<(), Failure> {
+    let mode = job.cipher.mode;
+    let op = match job.direction {
+        Direction::Encrypt => Op::Encrypt,
+        Direction::Decrypt => Op::Decrypt,
+    };
+    let (body, tail) = if mode == Mode::CbcPkcs7 && job.direction == Direction::Encrypt {
+        let full = job.input.len() - job.input.len() % BLOCK_LEN;
+        let mut last = [0u8; BLOCK_LEN];
+        let rest = &job.input[full..];
+        last[..rest.len()].copy_from_slice(rest);
+        Pkcs7::raw_pad(&mut last, rest.len());
+        (&job.input[..full], Some(last))
+    } else {
+        (&job.input[..], None)
+    };
+    let input = SkInput { body, tail };
+    let total = input.len();
+    out.data.resize(total, 0);
+    let mut iv: [u8; BLOCK_LEN] = job
+        .iv()
+        .try_into()
+        .expect("validate() checked a 16-byte IV");
+    // A request never exceeds what the socket buffers hold, and stays whole blocks.
+    let step = SKCIPHER_REQUEST_MAX.min(ctx.limits.0).min(ctx.limits.1) / BLOCK_LEN * BLOCK_LEN;
+    if step == 0 && total > 0 {
+        return Err(Failure::Engine(format!(
+            "socket buffers too small for one block ({:?})",
+            ctx.limits
+        )));
+    }
+    let mut pos = 0;
+    while pos < total {
+        let n = step.min(total - pos);
+        ctx.op
+            .send(op, &iv, None, &input.slices(pos, n))
+            .map_err(engine_failure)?;
+        ctx.op
+            .recv_exact(&mut [IoSliceMut::new(&mut out.data[pos..pos + n])])
+            .map_err(engine_failure)?;
+        pos += n;
+        if pos < total {
+            iv = match (mode, job.direction) {
+                (Mode::Ctr, _) => {
+                    let blocks = (n / BLOCK_LEN) as u128;
+                    u128::from_be_bytes(iv).wrapping_add(blocks).to_be_bytes()
+                }
+                (_, Direction::Encrypt) => out.data[pos - BLOCK_LEN..pos]
+                    .try_into()
+                    .expect("a 16-byte range"),
+                (_, Direction::Decrypt) => input.block_before(pos),
+            };
+        }
+    }
+    if mode == Mode::CbcPkcs7 && job.direction == Direction::Decrypt {
+        let last = total - BLOCK_LEN; // validate(): at least one block
+        let kept = Pkcs7::raw_unpad(&out.data[last..])
+            .map_err(|_| Failure::Job(Error::AuthenticationFailed))?
+            .len();
+        out.data.truncate(last + kept);
+    }
+    Ok(())
+}
+
+/// GCM: one request. The kernel takes AAD || input (|| tag when decrypting) and
+/// returns AAD || output (|| tag when encrypting).
+fn run_aead(
+    ctx: &mut Context,
+    job: &Job,
+    out: &mut JobOutput,
+    aad_scratch: &mut Vec<u8>,
+    engine: &str,
+) -> std::result::Result<(), Failure> {
+    let too_large = |max: usize| {
+        Failure::Job(Error::TooLarge {
+            cipher: job.cipher,
+            engine: engine.to_string(),
+            len: job.aad.len() + job.input.len(),
+            max,
+        })
+    };
+    let aad_len = u32::try_from(job.aad.len()).map_err(|_| too_large(u32::MAX as usize))?;
+    let encrypt = job.direction == Direction::Encrypt;
+    let tag_in = if encrypt { 0 } else { TAG_LEN };
+    let tag_out = if encrypt { TAG_LEN } else { 0 };
+    let tx = job.aad.len() + job.input.len() + tag_in;
+    let rx = job.aad.len() + job.input.len() + tag_out;
+    if tx > ctx.limits.0 || rx > ctx.limits.1 {
+        // An AEAD request cannot be split, and must fit the socket buffers whole.
+        // Growing them (SO_SNDBUFFORCE) only moves the wall: the kernel then fails the
+        // read with ENOMEM once its per-request scatterlists pass `net.core.optmem_max`.
+        let max = ctx
+            .limits
+            .0
+            .saturating_sub(tag_in)
+            .min(ctx.limits.1.saturating_sub(tag_out));
+        return Err(too_large(max));
+    }
+    aad_scratch.clear();
+    aad_scratch.resize(job.aad.len(), 0);
+    out.data.resize(job.input.len(), 0);
+    let mut tag = [0u8; TAG_LEN];
+    let given_tag = job.tag.unwrap_or_default();
+    let (op, input) = if encrypt {
+        (
+            Op::Encrypt,
+            [
+                IoSlice::new(&job.aad),
+                IoSlice::new(&job.input),
+                IoSlice::new(&[]),
+            ],
+        )
+    } else {
+        (
+            Op::Decrypt,
+            [
+                IoSlice::new(&job.aad),
+                IoSlice::new(&job.input),
+                IoSlice::new(&given_tag),
+            ],
+        )
+    };
+    ctx.op
+        .send(op, job.iv(), Some(aad_len), &input)
+        .map_err(engine_failure)?;
+    let read = if rx == 0 {
+        ctx.op.recv_nothing()
+    } else {
+        let tag_slot: &mut [u8] = if encrypt { &mut tag } else { &mut [] };
+        ctx.op.recv_exact(&mut [
+            IoSliceMut::new(aad_scratch),
+            IoSliceMut::new(&mut out.data),
+            IoSliceMut::new(tag_slot),
+        ])
+    };
+    match read {
+        Ok(()) => {}
+        Err(SysError {
+            errno: Errno::EBADMSG,
+            ..
+        }) => return Err(Failure::Job(Error::AuthenticationFailed)),
+        Err(e) => return Err(engine_failure(e)),
+    }
+    if encrypt {
+        out.tag = Some(tag);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padded_input_is_split_across_body_and_tail() {
+        let body = [1u8; 32];
+        let mut tail = [0u8; BLOCK_LEN];
+        tail[..3].copy_from_slice(&[9, 9, 9]);
+        Pkcs7::raw_pad(&mut tail, 3);
+        let input = SkInput {
+            body: &body,
+            tail: Some(tail),
+        };
+        assert_eq!(input.len(), 48);
+        let parts = input.slices(16, 32);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].len(), 16);
+        assert_eq!(&parts[1][..], &tail[..]);
+        assert_eq!(input.slices(32, 16).len(), 1);
+        assert_eq!(input.block_before(48), tail);
+        assert_eq!(input.block_before(32), [1u8; 16]);
+        assert_eq!(tail[3..], [13u8; 13]);
     }
 }

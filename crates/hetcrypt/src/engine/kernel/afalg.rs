@@ -1,0 +1,236 @@
+//! The AF_ALG socket interface: bind a transform, key it, run requests on an operation socket.
+//!
+//! The user-space API of the Linux crypto API (Documentation/crypto/userspace-if.rst):
+//! a *transform* socket is `bind`-ed to (type, algorithm name) and keyed with
+//! `setsockopt(ALG_SET_KEY)`; `accept` on it gives an *operation* socket; one request is
+//! `sendmsg` (control messages: operation, IV, AAD length; data: the input) followed by
+//! `read` of the output. Everything here is a thin, typed wrapper over those calls
+//! through `nix`; what a request means (chunking, padding, chaining) is the engine's.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{self, sockopt, AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag};
+
+/// An AF_ALG socket type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum AlgType {
+    /// Symmetric ciphers (`cbc(aes)`, `ctr(aes)`).
+    Skcipher,
+    /// Authenticated encryption (`gcm(aes)`).
+    Aead,
+}
+
+impl AlgType {
+    /// The name `bind` takes and `/proc/crypto` prints as `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlgType::Skcipher => "skcipher",
+            AlgType::Aead => "aead",
+        }
+    }
+}
+
+/// Longest algorithm or driver name AF_ALG accepts: `struct sockaddr_alg` has
+/// `salg_name[64]`, NUL-terminated.
+pub(crate) const ALG_NAME_MAX: usize = 63;
+
+/// A failed system call: which one, and the errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SysError {
+    /// The call, in words (`"bind"`, `"read"`, ...).
+    pub call: &'static str,
+    /// What the kernel said.
+    pub errno: Errno,
+}
+
+impl std::fmt::Display for SysError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} ({:?})", self.call, self.errno.desc(), self.errno)
+    }
+}
+
+/// Tags an errno with the call that returned it.
+fn at(call: &'static str) -> impl Fn(Errno) -> SysError {
+    move |errno| SysError { call, errno }
+}
+
+/// Whether the running kernel offers AF_ALG at all: a fresh socket, or the errno
+/// (`EAFNOSUPPORT` where AF_ALG is not built, as on our host).
+pub(crate) fn alg_socket() -> Result<OwnedFd, SysError> {
+    socket::socket(
+        AddressFamily::Alg,
+        socket::SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(at("socket(AF_ALG)"))
+}
+
+/// A transform socket: one algorithm instance, keyed once.
+#[derive(Debug)]
+pub(crate) struct Tfm {
+    fd: OwnedFd,
+}
+
+impl Tfm {
+    /// Binds a new transform to `name` (a generic algorithm name such as `cbc(aes)`, or
+    /// a driver name such as `virtio_crypto_aes_cbc`) of type `ty`. `ENOENT`: no
+    /// driver answers to that name with that type.
+    pub fn bind(ty: AlgType, name: &str) -> Result<Tfm, SysError> {
+        if name.len() > ALG_NAME_MAX || name.as_bytes().contains(&0) {
+            // AlgAddr::new would panic on an over-long name; the kernel would say this.
+            return Err(SysError {
+                call: "bind",
+                errno: Errno::ENAMETOOLONG,
+            });
+        }
+        let fd = alg_socket()?;
+        socket::bind(fd.as_raw_fd(), &AlgAddr::new(ty.as_str(), name)).map_err(at("bind"))?;
+        Ok(Tfm { fd })
+    }
+
+    /// Sets the key. The bytes go straight from the caller's buffer into the kernel.
+    pub fn set_key(&self, key: &[u8]) -> Result<(), SysError> {
+        socket::setsockopt(&self.fd, sockopt::AlgSetKey::default(), &key)
+            .map_err(at("setsockopt(ALG_SET_KEY)"))
+    }
+
+    /// Sets the AEAD tag length (before `accept`).
+    pub fn set_aead_tag_len(&self, len: usize) -> Result<(), SysError> {
+        socket::setsockopt(&self.fd, sockopt::AlgSetAeadAuthSize, &len)
+            .map_err(at("setsockopt(ALG_SET_AEAD_AUTHSIZE)"))
+    }
+
+    /// Opens an operation socket on this (keyed) transform.
+    pub fn accept(&self) -> Result<OpSocket, SysError> {
+        let raw =
+            socket::accept4(self.fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC).map_err(at("accept"))?;
+        // SAFETY: accept4 just returned this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(OpSocket { fd })
+    }
+}
+
+/// Which way a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `ALG_OP_ENCRYPT`.
+    Encrypt,
+    /// `ALG_OP_DECRYPT`.
+    Decrypt,
+}
+
+/// An operation socket: requests are sent and their results read here, one at a time.
+#[derive(Debug)]
+pub(crate) struct OpSocket {
+    fd: OwnedFd,
+}
+
+impl OpSocket {
+    /// Sends one whole request (never `MSG_MORE`): operation, IV, AAD length (AEAD),
+    /// and the input, gathered from `input`. The caller keeps the request within
+    /// [`OpSocket::send_limit`], so this never waits for buffer space that only a
+    /// `read` could free.
+    pub fn send(
+        &self,
+        op: Op,
+        iv: &[u8],
+        assoclen: Option<u32>,
+        input: &[IoSlice<'_>],
+    ) -> Result<(), SysError> {
+        let op = match op {
+            Op::Encrypt => nix::libc::ALG_OP_ENCRYPT,
+            Op::Decrypt => nix::libc::ALG_OP_DECRYPT,
+        };
+        let assoc = assoclen.unwrap_or(0);
+        let mut cmsgs = vec![ControlMessage::AlgSetOp(&op), ControlMessage::AlgSetIv(iv)];
+        if assoclen.is_some() {
+            cmsgs.push(ControlMessage::AlgSetAeadAssoclen(&assoc));
+        }
+        let want: usize = input.iter().map(|s| s.len()).sum();
+        let sent =
+            socket::sendmsg::<AlgAddr>(self.fd.as_raw_fd(), input, &cmsgs, MsgFlags::empty(), None)
+                .map_err(at("sendmsg"))?;
+        if sent != want {
+            // Only a signal can cut a send short; the request is then half-queued and
+            // the socket unusable.
+            return Err(SysError {
+                call: "sendmsg (short)",
+                errno: Errno::EIO,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the request's output into `out` until every slice is full. A read cut
+    /// short by a signal is resumed (it issues no new request).
+    pub fn recv_exact(&self, mut out: &mut [IoSliceMut<'_>]) -> Result<(), SysError> {
+        // Skip leading empty slices, so that `out.is_empty()` means "all filled".
+        IoSliceMut::advance_slices(&mut out, 0);
+        while !out.is_empty() {
+            match nix::sys::uio::readv(&self.fd, out) {
+                Ok(0) => {
+                    return Err(SysError {
+                        call: "read (no output)",
+                        errno: Errno::EIO,
+                    })
+                }
+                Ok(n) => IoSliceMut::advance_slices(&mut out, n),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(at("read")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a request that outputs nothing (GCM decryption of empty AAD and
+    /// ciphertext: only the tag is checked). The kernel runs a request only when
+    /// `read` offers it room, so one spare byte is offered; it stays unwritten.
+    pub fn recv_nothing(&self) -> Result<(), SysError> {
+        let mut spare = [0u8; 1];
+        loop {
+            match nix::unistd::read(&self.fd, &mut spare) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {
+                    return Err(SysError {
+                        call: "read (unexpected output)",
+                        errno: Errno::EIO,
+                    })
+                }
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(at("read")(e)),
+            }
+        }
+    }
+
+    /// Most bytes one request may carry in, and most it may return, on this socket.
+    ///
+    /// AF_ALG copies the input into pages charged to the socket's send buffer and
+    /// blocks `sendmsg` while less than a page of it is free; only `read` frees it. The
+    /// output pages are charged to the receive buffer the same way. So a request must
+    /// fit in `SO_SNDBUF` / `SO_RCVBUF` rounded down to pages; one page less leaves
+    /// room for the kernel's per-page accounting.
+    pub fn limits(&self) -> Result<(usize, usize), SysError> {
+        let page = page_size();
+        let fit = |buf: usize| (buf & !(page - 1)).saturating_sub(page);
+        let snd =
+            socket::getsockopt(&self.fd, sockopt::SndBuf).map_err(at("getsockopt(SO_SNDBUF)"))?;
+        let rcv =
+            socket::getsockopt(&self.fd, sockopt::RcvBuf).map_err(at("getsockopt(SO_RCVBUF)"))?;
+        Ok((fit(snd), fit(rcv)))
+    }
+}
+
+/// The page size, in bytes (4 KiB where `sysconf` cannot tell).
+fn page_size() -> usize {
+    /// x86-64's page, the fallback.
+    const DEFAULT_PAGE: usize = 4096;
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(DEFAULT_PAGE)
+}
