@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{bind, check_report, engines, job, scaled, seed, Case, CaseKey, Fail, Failures, Rig};
+use common::{
+    bind, check_report, engines, job, run_batch, scaled, seed, Case, CaseKey, Fail, Failures, Rig,
+};
 use hetcrypt::cipher::BLOCK_LEN;
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
@@ -303,7 +305,7 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
         };
         let jobs = bind(dispatcher, &mine);
         let path = format!("{suite} under {name}");
-        let batch = match dispatcher.run(&jobs, policy.as_ref()) {
+        let batch = match run_batch(dispatcher, &jobs, policy.as_ref()) {
             Ok(b) => b,
             Err(e) => {
                 failures.push(format!("{path}: the batch did not run: {e}"));
@@ -658,4 +660,56 @@ fn job_validate_table() {
         }) => {}
         other => panic!("a 17-byte nonce gave {other:?}"),
     }
+}
+
+/// A dispatcher whose only engine failed refuses later batches job by job with
+/// `NoEngine`: no panic, nothing run, nothing counted twice.
+#[test]
+fn batches_after_the_only_engine_failed() {
+    let inner = CpuEngine::with_lanes(1).into_engine();
+    let flaky = FaultyEngine::new(FLAKY, inner, Fault::AfterJobs(0)).into_engine();
+    let dispatcher = Dispatcher::new(vec![flaky]).expect("one engine");
+    let key = dispatcher
+        .add_key(hetcrypt::Key::new(vec![7; 16]))
+        .expect("a 16-byte key");
+    let jobs: Vec<Job> = (0..5u8)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                key,
+                [i; 16],
+                vec![i; 100],
+            )
+        })
+        .collect();
+    let mut failures = Failures::default();
+    for round in [
+        "first batch (the engine fails)",
+        "second batch (quarantined)",
+    ] {
+        let batch = match run_batch(&dispatcher, &jobs, &policy::Pull) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("{round}: {e}"));
+                continue;
+            }
+        };
+        for (i, out) in batch.outputs.iter().enumerate() {
+            if !matches!(out, Err(Error::NoEngine { .. })) {
+                failures.push(format!("{round}: job {i} gave {out:?}, want NoEngine"));
+            }
+        }
+        let flaky = batch
+            .report
+            .engine(FLAKY)
+            .expect("the report lists every engine");
+        if flaky.jobs != 0 || flaky.failed.is_none() {
+            failures.push(format!(
+                "{round}: flaky did {} jobs, failed {:?}; want 0 jobs and a reason",
+                flaky.jobs, flaky.failed
+            ));
+        }
+    }
+    failures.assert_none("batches after the only engine failed");
 }

@@ -379,6 +379,28 @@ pub fn check_report(failures: &mut Failures, path: &str, batch: &BatchResult, jo
     }
 }
 
+/// Runs a batch, turning a panic inside the dispatcher (e.g. one of its debug
+/// assertions) into an error, so the other checks still run and report.
+pub fn run_batch(
+    dispatcher: &Dispatcher,
+    jobs: &[Job],
+    policy: &dyn Policy,
+) -> Result<BatchResult, String> {
+    let run = std::panic::AssertUnwindSafe(|| dispatcher.run(jobs, policy));
+    match std::panic::catch_unwind(run) {
+        Ok(Ok(batch)) => Ok(batch),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(format!(
+            "the dispatcher panicked: {}",
+            panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)")
+        )),
+    }
+}
+
 /// One engine under test with an opened lane and a single-engine dispatcher.
 pub struct Rig {
     engine: EngineRef,
@@ -458,7 +480,7 @@ impl Rig {
         ] {
             let batch_jobs: Vec<Job> = indices.iter().map(|&i| jobs[i].clone()).collect();
             let path = format!("{name} Dispatcher {} ({order})", policy.name());
-            match self.dispatcher.run(&batch_jobs, &policy) {
+            match run_batch(&self.dispatcher, &batch_jobs, &policy) {
                 Ok(batch) => {
                     check_report(failures, &path, &batch, batch_jobs.len());
                     for (&i, got) in indices.iter().zip(&batch.outputs) {
