@@ -1,12 +1,115 @@
-//! `hetcrypt engines`.
+//! `hetcrypt engines`: every engine of this machine, its drivers and lanes, and why
+//! the missing ones are missing.
 
 use std::process::ExitCode;
 
+use hetcrypt::engine::{CipherDriver, EngineInfo};
+use serde::Serialize;
+
+use crate::output::Grid;
+use crate::workload::{EngineSet, Machine, Unavailable};
+
 /// Arguments of `hetcrypt engines`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The JSON of `hetcrypt engines --json`.
+#[derive(Serialize)]
+struct Listing {
+    machine: Machine,
+    /// Engines ready to run jobs.
+    engines: Vec<EngineInfo>,
+    /// Engines this machine lacks, with the reason.
+    unavailable: Vec<Unavailable>,
+}
 
 /// Runs `hetcrypt engines`.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("'engines' is not implemented yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let set = EngineSet::discover(None)?;
+    let listing = Listing {
+        machine: Machine::now(),
+        engines: set.infos(),
+        unavailable: set.unavailable,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+    } else {
+        print!("{}", render(&listing));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The table: one row per engine and cipher, then the unavailable engines.
+fn render(listing: &Listing) -> String {
+    let mut grid = Grid::new([
+        "ENGINE", "KIND", "LANES", "CIPHER", "DRIVER", "PRIORITY", "MODULE", "ASYNC",
+    ]);
+    for info in &listing.engines {
+        let kind = serde_json::to_value(info.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{:?}", info.kind));
+        for (i, c) in info.ciphers.iter().enumerate() {
+            let first = i == 0;
+            grid.row([
+                if first {
+                    info.name.clone()
+                } else {
+                    String::new()
+                },
+                if first { kind.clone() } else { String::new() },
+                if first {
+                    info.lanes.to_string()
+                } else {
+                    String::new()
+                },
+                c.cipher.to_string(),
+                c.driver.clone(),
+                c.priority
+                    .map_or_else(|| "-".to_string(), |p| p.to_string()),
+                c.module.clone().unwrap_or_else(|| "-".to_string()),
+                is_async(c),
+            ]);
+        }
+        if info.ciphers.is_empty() {
+            grid.row([
+                info.name.clone(),
+                kind,
+                info.lanes.to_string(),
+                "(none)".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+    }
+    let m = &listing.machine;
+    let mut out = format!(
+        "Engines on this machine (Linux {}, {} core{}, {}):\n\n",
+        m.kernel,
+        m.cores,
+        crate::workload::plural(m.cores),
+        m.openssl
+    );
+    out.push_str(&grid.plain());
+    if !listing.unavailable.is_empty() {
+        out.push_str("\nUnavailable:\n");
+        for u in &listing.unavailable {
+            out.push_str(&format!("  {}: {}\n", u.engine, u.reason));
+        }
+    }
+    out
+}
+
+fn is_async(c: &CipherDriver) -> String {
+    match c.is_async {
+        Some(true) => "yes".into(),
+        Some(false) => "no".into(),
+        None => "-".into(),
+    }
 }

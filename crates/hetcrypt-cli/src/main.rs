@@ -5,7 +5,9 @@ mod bench;
 mod encrypt;
 mod engines;
 mod keygen;
+mod output;
 mod speed;
+mod workload;
 
 use std::process::ExitCode;
 
