@@ -365,6 +365,6 @@ mod tests {
             "The 'numbers' are in 1000s of bytes per second processed."
         );
         assert_eq!(lines[n - 2], "type             16 bytes     64 bytes");
-        assert_eq!(lines[n - 1], "cpu              746848.91k     5000.00 ");
+        assert_eq!(lines[n - 1], "cpu             746848.91k     5000.00 ");
     }
 }

@@ -271,7 +271,7 @@ mod tests {
                 input.clone(),
             ),
             (
-                Cipher::AES_256_CBC,
+                Cipher::AES_128_CBC,
                 Direction::Decrypt,
                 [3u8; 16],
                 input[..992].to_vec(),

@@ -1,0 +1,76 @@
+//! `hetcrypt engines`: every engine listed, the missing ones with their reason.
+
+mod cli_support;
+
+use cli_support::ok;
+
+#[test]
+fn json_lists_cpu_and_accounts_for_kernel() {
+    let json: serde_json::Value = serde_json::from_str(&ok(&["engines", "--json"])).unwrap();
+    let engines = json["engines"].as_array().unwrap();
+    let cpu = engines
+        .iter()
+        .find(|e| e["name"] == "cpu")
+        .expect("cpu is always there");
+    assert_eq!(cpu["kind"], "cpu");
+    assert!(cpu["lanes"].as_u64().unwrap() >= 1);
+    let ciphers: Vec<&str> = cpu["ciphers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cipher"].as_str().unwrap())
+        .collect();
+    for c in ["aes-128-cbc", "aes-256-ctr", "aes-128-gcm"] {
+        assert!(ciphers.contains(&c), "cpu lacks {c}: {ciphers:?}");
+    }
+    assert!(json["machine"]["kernel"].as_str().is_some());
+
+    // The kernel engine is either ready (inside the testbed guest) or unavailable with
+    // a reason a person can act on; it is never silently missing.
+    let ready = engines.iter().any(|e| e["name"] == "kernel");
+    let unavailable = json["unavailable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["engine"] == "kernel");
+    match (ready, unavailable) {
+        (true, None) => {}
+        (false, Some(u)) => {
+            let reason = u["reason"].as_str().unwrap();
+            assert!(!reason.is_empty());
+            // This host's kernel has no AF_ALG (shared/DESIGN.md section 3).
+            if !af_alg_in_kernel() {
+                assert!(reason.contains("AF_ALG"), "reason: {reason}");
+            }
+        }
+        other => panic!("kernel both ready and unavailable, or neither: {other:?}"),
+    }
+}
+
+/// Whether this kernel offers AF_ALG sockets (so a missing kernel engine has another
+/// reason, e.g. no driver loaded).
+fn af_alg_in_kernel() -> bool {
+    std::fs::read_to_string("/proc/net/protocols")
+        .map(|p| p.lines().any(|l| l.starts_with("ALG")))
+        .unwrap_or(false)
+}
+
+#[test]
+fn table_shows_cpu_rows_and_unavailable_reasons() {
+    let text = ok(&["engines"]);
+    assert!(text.contains("ENGINE"), "{text}");
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("cpu ")),
+        "{text}"
+    );
+    assert!(text.contains("aes-128-gcm"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["engines", "--json"])).unwrap();
+    for u in json["unavailable"].as_array().unwrap() {
+        let line = format!(
+            "{}: {}",
+            u["engine"].as_str().unwrap(),
+            u["reason"].as_str().unwrap()
+        );
+        assert!(text.contains(&line), "missing '{line}' in:\n{text}");
+    }
+}
