@@ -1,21 +1,330 @@
-//! `hetcrypt encrypt` and `hetcrypt decrypt`.
+//! `hetcrypt encrypt` and `hetcrypt decrypt`: files, stdin/stdout and directory trees
+//! in C2SP chunked encryption, the chunks of every file in flight spread over every
+//! engine (see docs/format.md).
+//!
+//! Never loses data: outputs are written beside their destination and renamed into
+//! place only when complete (decrypted: fully authenticated); an existing output is
+//! replaced only with `--force`; inputs are only read. One failing file does not stop
+//! the others; the exit status is 1 if any failed, and the summary lists them.
 
+mod io;
+mod plan;
+mod summary;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use hetcrypt::engine::{self, EngineRef};
+use hetcrypt_format::{
+    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
+    Stream,
+};
+use indicatif::ProgressBar;
+
+use self::io::{Input, Output};
+use self::plan::{Note, Way};
+use self::summary::{Summary, Unavailable};
+use crate::keygen::read_key_file;
+
+/// Options both commands take.
+#[derive(clap::Args, Debug)]
+struct Common {
+    /// Key file made by `hetcrypt keygen`.
+    #[arg(long, value_name = "KEY")]
+    key: PathBuf,
+    /// Files or directories to process; `-` is standard input.
+    #[arg(required = true, value_name = "INPUT")]
+    inputs: Vec<PathBuf>,
+    /// Output: a file (`-`: standard output) for one file, a directory for a tree or
+    /// several inputs. Default for one file: beside it, `.hc` added or removed.
+    #[arg(short, long, value_name = "OUT")]
+    output: Option<PathBuf>,
+    /// Scheduling policy (`pull`, `only:<engine>`, ...).
+    #[arg(long, default_value = "pull")]
+    policy: String,
+    /// Engines to use, comma-separated (`cpu`, `kernel`, `kernel:<driver>`); default:
+    /// every engine this machine has.
+    #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
+    engines: Vec<String>,
+    /// Replace existing output files.
+    #[arg(long)]
+    force: bool,
+    /// No progress bar and no summary (errors are still printed).
+    #[arg(short, long)]
+    quiet: bool,
+    /// Print the summary as JSON (on stdout, or on stderr when stdout carries data).
+    #[arg(long)]
+    json: bool,
+}
 
 /// Arguments of `hetcrypt encrypt`.
 #[derive(clap::Args, Debug)]
-pub struct EncryptArgs {}
+pub struct EncryptArgs {
+    #[command(flatten)]
+    common: Common,
+    /// AEAD: aes-128-gcm, aes-256-gcm or aes-128-cbc-hmac-sha256 (whose CBC half runs
+    /// on CBC-only crypto modules). Default: aes-128-gcm for a 128-bit key,
+    /// aes-256-gcm for a 256-bit key.
+    #[arg(long, value_parser = |s: &str| s.parse::<Aead>())]
+    aead: Option<Aead>,
+}
 
 /// Arguments of `hetcrypt decrypt`.
 #[derive(clap::Args, Debug)]
-pub struct DecryptArgs {}
+pub struct DecryptArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+/// A message in flight, with the index of its plan entry.
+struct Item<S> {
+    stream: S,
+    index: usize,
+}
+
+impl<S: Stream> Stream for Item<S> {
+    fn next_job(
+        &mut self,
+        d: &hetcrypt::Dispatcher,
+    ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
+        self.stream.next_job(d)
+    }
+    fn accept(
+        &mut self,
+        out: hetcrypt::Result<hetcrypt::JobOutput>,
+    ) -> hetcrypt_format::Result<()> {
+        self.stream.accept(out)
+    }
+    fn finish(&mut self) -> hetcrypt_format::Result<()> {
+        self.stream.finish()
+    }
+}
+
+/// A stream whose output can be taken back to commit.
+trait FileStream: Stream {
+    /// Its output and the plaintext bytes it carried.
+    fn into_output(self) -> (Output, u64);
+}
+
+impl FileStream for EncryptStream<Input, Output> {
+    fn into_output(self) -> (Output, u64) {
+        let bytes = self.plaintext_bytes();
+        (self.into_parts().1, bytes)
+    }
+}
+
+impl FileStream for DecryptStream<Input, Output> {
+    fn into_output(self) -> (Output, u64) {
+        let bytes = self.plaintext_bytes();
+        (self.into_parts().1, bytes)
+    }
+}
+
+/// Commits finished outputs, discards failed ones, counts, and moves the bar.
+struct Tally<'a> {
+    names: Vec<String>,
+    force: bool,
+    ok: usize,
+    bytes: u64,
+    failed: Vec<Note>,
+    bar: &'a ProgressBar,
+}
+
+impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
+    fn done(&mut self, item: Item<S>, result: hetcrypt_format::Result<()>) {
+        let (output, bytes) = item.stream.into_output();
+        let result = result.and_then(|()| output_commit(output, self.force));
+        match result {
+            Ok(()) => {
+                self.ok += 1;
+                self.bytes += bytes;
+            }
+            // Dropping the output removed its temporary file.
+            Err(e) => {
+                let reason = human_error(&e);
+                self.bar
+                    .suspend(|| eprintln!("hetcrypt: {}: {reason}", self.names[item.index]));
+                self.failed.push(Note {
+                    path: self.names[item.index].clone(),
+                    reason,
+                });
+            }
+        }
+    }
+
+    fn batch(&mut self, report: &hetcrypt::Report) {
+        self.bar.inc(report.bytes);
+    }
+}
+
+fn output_commit(output: Output, force: bool) -> hetcrypt_format::Result<()> {
+    output.commit(force).map_err(FormatError::Io)
+}
+
+/// One sentence for a failed file.
+fn human_error(e: &FormatError) -> String {
+    match e {
+        FormatError::Io(io) if io.raw_os_error() == Some(28) => {
+            "no space left on the device (the partial output was removed)".to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The engines to use: those named, or every one this machine has.
+fn open_engines(names: &[String]) -> anyhow::Result<(Vec<EngineRef>, Vec<Unavailable>)> {
+    let mut ready = Vec::new();
+    let mut unavailable = Vec::new();
+    if names.is_empty() {
+        for found in engine::discover() {
+            match found {
+                Ok(e) => ready.push(e),
+                Err(hetcrypt::Error::EngineUnavailable { engine, reason }) => {
+                    unavailable.push(Unavailable { engine, reason })
+                }
+                Err(e) => unavailable.push(Unavailable {
+                    engine: "?".into(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    } else {
+        for name in names {
+            match engine::by_name(name, None) {
+                Ok(e) => ready.push(e),
+                Err(hetcrypt::Error::EngineUnavailable { engine, reason }) => {
+                    bail!("engine {engine} is unavailable on this machine: {reason}")
+                }
+                Err(hetcrypt::Error::UnknownName { .. }) => {
+                    bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>)")
+                }
+                Err(e) => return Err(e).with_context(|| format!("cannot open engine {name}")),
+            }
+        }
+    }
+    if ready.is_empty() {
+        bail!("no engine is available");
+    }
+    Ok((ready, unavailable))
+}
 
 /// Runs `hetcrypt encrypt`.
-pub fn run_encrypt(_args: EncryptArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("'encrypt' is not implemented yet")
+pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
+    let key = read_key_file(&args.common.key)?;
+    let aead = match args.aead {
+        Some(a) => a,
+        None if key.len() == 16 => Aead::Aes128Gcm,
+        None => Aead::Aes256Gcm,
+    };
+    if key.len() != aead.key_len() {
+        bail!(
+            "{aead} needs a {}-bit key, but {} holds a {}-bit key (make one with `hetcrypt keygen --bits {}`)",
+            aead.key_len() * 8,
+            args.common.key.display(),
+            key.len() * 8,
+            aead.key_len() * 8
+        );
+    }
+    run(&args.common, Way::Encrypt, Some(aead), |input, output| {
+        EncryptStream::new(input, output, &key, SealParams::new(aead))
+    })
 }
 
 /// Runs `hetcrypt decrypt`.
-pub fn run_decrypt(_args: DecryptArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("'decrypt' is not implemented yet")
+pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
+    let key = read_key_file(&args.common.key)?;
+    run(&args.common, Way::Decrypt, None, |input, output| {
+        DecryptStream::new(input, output, &key, OpenParams::Hetcrypt)
+    })
+}
+
+fn run<S: FileStream>(
+    args: &Common,
+    way: Way,
+    aead: Option<Aead>,
+    make: impl Fn(Input, Output) -> S,
+) -> anyhow::Result<ExitCode> {
+    let start = Instant::now();
+    let policy = hetcrypt::policy::by_name(&args.policy).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (engines, unavailable) = open_engines(&args.engines)?;
+    let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
+    let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
+    let stdout_busy = plan.writes_stdout();
+    let total: Option<u64> = plan.work.iter().map(|w| w.size).sum();
+    let bar = summary::progress(total, args.quiet || args.json);
+
+    let names: Vec<String> = plan
+        .work
+        .iter()
+        .map(|w| match &w.source {
+            plan::Source::Stdin => "(standard input)".to_string(),
+            plan::Source::File(p) => plan::show(p),
+        })
+        .collect();
+    let mut tally = Tally {
+        names,
+        force: args.force,
+        ok: 0,
+        bytes: 0,
+        failed: plan.failed.clone(),
+        bar: &bar,
+    };
+    for n in &plan.failed {
+        eprintln!("hetcrypt: {}: {}", n.path, n.reason);
+    }
+    let hold_stdout = way == Way::Decrypt;
+    let items = plan.work.iter().enumerate().map(|(index, w)| Item {
+        stream: make(
+            Input::new(&w.source),
+            Output::new(w.dest.clone(), hold_stdout, w.mode),
+        ),
+        index,
+    });
+    let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
+    let run_result = pipeline.run(items, &mut tally);
+    bar.finish_and_clear();
+    run_result.map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let seconds = start.elapsed().as_secs_f64();
+    let summary = Summary {
+        command: if way == Way::Encrypt {
+            "encrypt"
+        } else {
+            "decrypt"
+        },
+        aead: aead.map(|a| a.to_string()),
+        policy: policy.name(),
+        engines: engine_names,
+        engines_unavailable: unavailable,
+        files_ok: tally.ok,
+        files_failed: tally.failed.len(),
+        files_skipped: plan.skipped.len(),
+        bytes: tally.bytes,
+        seconds,
+        bytes_per_second: if seconds > 0.0 {
+            tally.bytes as f64 / seconds
+        } else {
+            0.0
+        },
+        dispatch: pipeline.stats().clone(),
+        failed: tally.failed,
+        skipped: plan.skipped,
+    };
+    if args.json {
+        let json = serde_json::to_string_pretty(&summary).context("cannot render the summary")?;
+        if stdout_busy {
+            eprintln!("{json}");
+        } else {
+            println!("{json}");
+        }
+    } else if !args.quiet {
+        eprint!("{}", summary.render());
+    }
+    Ok(if summary.files_failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
