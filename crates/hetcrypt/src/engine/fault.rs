@@ -15,7 +15,8 @@ use crate::key::KeyStore;
 /// When the wrapped engine starts failing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// After this many jobs (over all lanes) have run, every further job fails, as a
+    /// After this many jobs (over all lanes, and over the wrapper's whole life: build a
+    /// fresh one per dispatcher) have run, every further job fails, as a
     /// device that vanishes mid-batch.
     AfterJobs(usize),
     /// Lanes cannot even be opened, as a device that is gone before the batch.
