@@ -3,9 +3,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::cipher::{Cipher, Direction};
 use crate::engine::{EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
@@ -127,15 +128,28 @@ impl Dispatcher {
     /// cannot plan the batch.
     pub fn run(&self, jobs: &[Job], policy: &dyn Policy) -> Result<BatchResult> {
         let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
+        // Which engines support each (cipher, direction), asked once per pair rather
+        // than once per job and engine: a batch may hold hundreds of thousands of jobs.
+        let mut support: Vec<(Cipher, Direction, EngineMask)> = Vec::new();
         let metas: Vec<JobMeta> = jobs
             .iter()
             .map(|job| {
-                let mut engines = EngineMask::default();
-                for (i, e) in self.engines.iter().enumerate() {
-                    if e.supports(job.cipher, job.direction) {
-                        engines.insert(i);
+                let known = support
+                    .iter()
+                    .find(|(c, d, _)| (*c, *d) == (job.cipher, job.direction));
+                let engines = match known {
+                    Some(&(_, _, mask)) => mask,
+                    None => {
+                        let mut mask = EngineMask::default();
+                        for (i, e) in self.engines.iter().enumerate() {
+                            if e.supports(job.cipher, job.direction) {
+                                mask.insert(i);
+                            }
+                        }
+                        support.push((job.cipher, job.direction, mask));
+                        mask
                     }
-                }
+                };
                 JobMeta {
                     len: job.len(),
                     cipher: job.cipher,
@@ -169,13 +183,18 @@ impl Dispatcher {
             cores,
         })?;
 
+        let mut alive = EngineMask::default();
+        for (e, _) in failed_before.iter().enumerate().filter(|(_, &f)| !f) {
+            alive.insert(e);
+        }
         let shared = Shared {
             jobs,
+            alive_at_start: alive,
             metas: &metas,
             schedule: schedule.as_ref(),
             keys: &self.keys,
-            results: (0..jobs.len()).map(|_| OnceLock::new()).collect(),
             remaining: AtomicUsize::new(0),
+            late: Mutex::new(Vec::new()),
             quarantined: failed_before.iter().map(|&f| AtomicBool::new(f)).collect(),
             reasons: Mutex::new(vec![None; self.engines.len()]),
             coord: Mutex::new(Coord {
@@ -186,12 +205,14 @@ impl Dispatcher {
             wake: Condvar::new(),
             retry_len: AtomicUsize::new(0),
             redispatched: AtomicUsize::new(0),
-            duplicates: AtomicUsize::new(0),
         };
+        // Each job's result, filled after the lanes join from what each lane kept
+        // (lanes share no per-job state while they run).
+        let mut results: Vec<Option<Result<JobOutput>>> = (0..jobs.len()).map(|_| None).collect();
         let mut runnable = 0;
         for (i, m) in metas.iter().enumerate() {
-            if shared.alive_engines(i).is_empty() {
-                let _ = shared.results[i].set(Err(Error::NoEngine { cipher: m.cipher }));
+            if m.engines.intersect(alive).is_empty() {
+                results[i] = Some(Err(Error::NoEngine { cipher: m.cipher }));
             } else {
                 runnable += 1;
             }
@@ -215,7 +236,7 @@ impl Dispatcher {
                 .collect()
         };
         let start = Instant::now();
-        let finished: Vec<(LaneReport, Option<Box<dyn Lane>>)> = std::thread::scope(|scope| {
+        let finished: Vec<LaneEnd> = std::thread::scope(|scope| {
             let handles: Vec<_> = lane_metas
                 .iter()
                 .enumerate()
@@ -234,16 +255,34 @@ impl Dispatcher {
         });
         let wall = start.elapsed();
 
-        let (lane_reports, opened): (Vec<LaneReport>, Vec<Option<Box<dyn Lane>>>) =
-            finished.into_iter().unzip();
         let Shared {
-            results,
             reasons,
             redispatched,
-            duplicates,
+            late,
             ..
         } = shared;
-        debug_assert_eq!(duplicates.into_inner(), 0, "a job was completed twice");
+        let mut lane_reports = Vec::with_capacity(finished.len());
+        let mut opened = Vec::with_capacity(finished.len());
+        let mut duplicates = 0;
+        let late = late.into_inner().unwrap_or_else(|e| e.into_inner());
+        for end in finished {
+            lane_reports.push(end.report);
+            opened.push(end.lane);
+            for (j, result) in end.done {
+                let slot = &mut results[j];
+                if slot.is_some() {
+                    duplicates += 1;
+                }
+                *slot = Some(result);
+            }
+        }
+        for (j, result) in late {
+            if results[j].is_some() {
+                duplicates += 1;
+            }
+            results[j] = Some(result);
+        }
+        debug_assert_eq!(duplicates, 0, "a job was completed twice");
 
         // Record new failures; keep the lanes of engines that still work.
         let failed = {
@@ -265,16 +304,21 @@ impl Dispatcher {
             failed.clone()
         };
 
+        let mut job_errors = 0;
+        let mut bytes = 0u64;
         let outputs: Vec<Result<JobOutput>> = results
             .into_iter()
             .zip(&metas)
-            .map(|(cell, meta)| {
-                cell.into_inner().unwrap_or_else(|| {
+            .map(|(result, meta)| {
+                bytes += meta.len as u64;
+                let result = result.unwrap_or_else(|| {
                     Err(Error::Policy {
                         policy: policy.name(),
                         reason: format!("no lane was given this {} job", meta.cipher),
                     })
-                })
+                });
+                job_errors += usize::from(result.is_err());
+                result
             })
             .collect();
 
@@ -302,11 +346,11 @@ impl Dispatcher {
         let report = Report {
             policy: policy.name(),
             jobs: jobs.len(),
-            bytes: jobs.iter().map(|j| j.len() as u64).sum(),
+            bytes,
             wall,
             engines,
             redispatched: redispatched.into_inner(),
-            job_errors: outputs.iter().filter(|o| o.is_err()).count(),
+            job_errors,
         };
         Ok(BatchResult { outputs, report })
     }
@@ -328,9 +372,13 @@ struct Shared<'a> {
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
-    results: Vec<OnceLock<Result<JobOutput>>>,
     /// Jobs without a result yet.
     remaining: AtomicUsize,
+    /// Results made outside a lane's loop (jobs no working engine can run any more).
+    late: Mutex<Vec<(usize, Result<JobOutput>)>>,
+    /// Engines that had not failed when the batch began; a job none of them can run
+    /// gets its error before the lanes start and is never re-dispatched.
+    alive_at_start: EngineMask,
     /// Per engine: quarantined (failed now or in an earlier batch).
     quarantined: Vec<AtomicBool>,
     /// Per engine: why it failed in this batch.
@@ -340,7 +388,15 @@ struct Shared<'a> {
     /// Length of `coord.retry`, readable without the lock on the hot path.
     retry_len: AtomicUsize,
     redispatched: AtomicUsize,
-    duplicates: AtomicUsize,
+}
+
+/// What a lane thread hands back when the batch ends.
+struct LaneEnd {
+    report: LaneReport,
+    /// The lane, to keep for the next batch (none if it could not be opened).
+    lane: Option<Box<dyn Lane>>,
+    /// The results of the jobs it ran, by job index.
+    done: Vec<(usize, Result<JobOutput>)>,
 }
 
 impl Shared<'_> {
@@ -355,13 +411,17 @@ impl Shared<'_> {
         mask
     }
 
-    /// Stores a job's result; the last one ends the batch.
+    /// Stores the result of a job that ends outside a lane's loop.
     fn finish(&self, job: usize, result: Result<JobOutput>) {
-        if self.results[job].set(result).is_err() {
-            self.duplicates.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        lock(&self.late).push((job, result));
+        self.completed(1);
+    }
+
+    /// Counts `n` more jobs done; the last ones end the batch. Lanes call this once
+    /// per pull, not per job, so a batch of small jobs does not bounce the counter's
+    /// cache line between cores for every job.
+    fn completed(&self, n: usize) {
+        if n > 0 && self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
             lock(&self.coord).done = true;
             self.wake.notify_all();
         }
@@ -381,13 +441,24 @@ impl Shared<'_> {
     /// Takes back the jobs the schedule reserved for `engine`, quarantined before the
     /// batch began, and re-dispatches them.
     fn requeue(&self, engine: usize) {
-        let jobs = self.schedule.engine_failed(engine);
+        let mut jobs = self.schedule.engine_failed(engine);
+        // Jobs no working engine can run already ended with NoEngine before the
+        // lanes started; they must not be ended twice.
+        jobs.retain(|&j| !self.alive_engines(j).is_empty());
         self.redispatch(jobs);
     }
 
     /// Puts `jobs` on the re-dispatch queue for any working engine that can run them;
     /// those no working engine can run end with an error.
-    fn redispatch(&self, jobs: Vec<usize>) {
+    fn redispatch(&self, mut jobs: Vec<usize>) {
+        // A job that had no working engine from the start already has its result
+        // (a policy may still have reserved it for a quarantined engine).
+        jobs.retain(|&j| {
+            !self.metas[j]
+                .engines
+                .intersect(self.alive_at_start)
+                .is_empty()
+        });
         if jobs.is_empty() {
             return;
         }
@@ -463,12 +534,13 @@ impl Shared<'_> {
         meta: LaneMeta,
         engine: &EngineRef,
         opened: Option<Box<dyn Lane>>,
-    ) -> (LaneReport, Option<Box<dyn Lane>>) {
+    ) -> LaneEnd {
         let cpu_start = thread_cpu_time();
         let mut report = LaneReport {
             lane: meta.index,
             ..LaneReport::default()
         };
+        let mut done: Vec<(usize, Result<JobOutput>)> = Vec::new();
         let mut lane = match opened {
             Some(lane) => lane,
             None => match engine.open_lane(meta.index) {
@@ -477,7 +549,11 @@ impl Shared<'_> {
                     self.quarantine(meta.engine, e.to_string(), &[]);
                     self.idle_exit();
                     report.cpu = thread_cpu_time().saturating_sub(cpu_start);
-                    return (report, None);
+                    return LaneEnd {
+                        report,
+                        lane: None,
+                        done,
+                    };
                 }
             },
         };
@@ -532,6 +608,7 @@ impl Shared<'_> {
 
             let mut failure: Option<String> = None;
             let mut in_hand = Vec::new();
+            let before = done.len();
             for (k, &j) in picked.iter().enumerate() {
                 match std::mem::replace(&mut results[k], Ok(())) {
                     Err(e) if e.is_engine_failure() => {
@@ -542,10 +619,11 @@ impl Shared<'_> {
                         report.jobs += 1;
                         report.bytes += self.jobs[j].len() as u64;
                         let out = std::mem::take(&mut outs[k]);
-                        self.finish(j, result.map(|()| out));
+                        done.push((j, result.map(|()| out)));
                     }
                 }
             }
+            self.completed(done.len() - before);
             if let Some(reason) = failure {
                 self.quarantine(meta.engine, reason, &in_hand);
                 self.idle_exit();
@@ -557,7 +635,11 @@ impl Shared<'_> {
             }
         }
         report.cpu = thread_cpu_time().saturating_sub(cpu_start);
-        (report, Some(lane))
+        LaneEnd {
+            report,
+            lane: Some(lane),
+            done,
+        }
     }
 
     /// A lane leaves for good (its engine failed): it no longer counts as working.

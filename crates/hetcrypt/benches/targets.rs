@@ -1,0 +1,630 @@
+//! The CPU-engine targets of issue 6 as ratios measured side by side in one run.
+//!
+//! A custom harness (`harness = false`), not criterion: every figure here is a ratio
+//! of two things timed in alternating rounds of the same process — ours against
+//! `openssl speed` (a subprocess), the dispatcher against a bare EVP loop, two lanes
+//! against one — and the median of the per-round ratios is what counts. Criterion
+//! times functions one after the other and cannot run `openssl speed`.
+//!
+//! ```text
+//! cargo bench -p hetcrypt --bench targets                  # everything (~2 minutes)
+//! cargo bench -p hetcrypt --bench targets -- engine chains # some sections
+//! cargo bench -p hetcrypt --bench targets -- --quick       # ~1 s smoke run (CI)
+//! cargo bench -p hetcrypt --bench targets -- --rounds 9 --seconds 0.5 --json out.jsonl
+//! ```
+//! `HETCRYPT_BENCH_QUICK=1` in the environment means `--quick`.
+//!
+//! Sections: `engine` (one lane, 16 KiB, vs `openssl speed -evp`), `multibuf` (many
+//! CBC encryption jobs on one lane vs `openssl speed -evp aes-128-cbc`), `chains` (the
+//! multi-buffer width sweep), `dispatch` (`pull` on one lane vs a bare EVP loop on the
+//! same jobs), `split` (64 MiB of CTR over 2 lanes vs 1).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::Lane;
+use hetcrypt::policy::Pull;
+use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyId, KeyStore};
+use openssl::cipher_ctx::CipherCtx;
+
+/// The job size of the seeds' largest files and of `openssl speed`'s largest block.
+const KIB16: usize = 16 * 1024;
+
+/// Working set of the many-job runs: a few MiB, past L1 but inside this host's L2
+/// slice (2 MiB) plus LLC, like `openssl speed` re-encrypting one warm buffer.
+const WORKING_SET: usize = 2 << 20;
+
+/// Options from the command line.
+struct Opts {
+    quick: bool,
+    rounds: usize,
+    seconds: f64,
+    sections: Vec<String>,
+    json: Option<std::fs::File>,
+}
+
+impl Opts {
+    fn parse() -> Opts {
+        let mut opts = Opts {
+            quick: std::env::var_os("HETCRYPT_BENCH_QUICK").is_some_and(|v| v != "0"),
+            rounds: 5,
+            seconds: 1.0,
+            sections: Vec::new(),
+            json: None,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--quick" => opts.quick = true,
+                "--rounds" => opts.rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(5),
+                "--seconds" => {
+                    opts.seconds = args.next().and_then(|v| v.parse().ok()).unwrap_or(1.0)
+                }
+                "--json" => {
+                    let path = args.next().unwrap_or_else(|| "targets.jsonl".to_string());
+                    opts.json = Some(std::fs::File::create(&path).unwrap_or_else(|e| {
+                        panic!("cannot create {path}: {e}");
+                    }));
+                }
+                // Flags cargo passes to every bench target.
+                a if a.starts_with("--") => {}
+                section => opts.sections.push(section.to_string()),
+            }
+        }
+        if opts.quick {
+            opts.rounds = 1;
+            opts.seconds = 0.02;
+        }
+        opts
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.sections.is_empty() || self.sections.iter().any(|s| s == section)
+    }
+}
+
+/// One compared pair: the medians of both sides and of the per-round ratios.
+struct Row {
+    section: &'static str,
+    name: String,
+    ours: Vec<f64>,
+    base: Vec<f64>,
+    unit: &'static str,
+    target: Option<f64>,
+}
+
+impl Row {
+    fn ratios(&self) -> Vec<f64> {
+        self.ours
+            .iter()
+            .zip(&self.base)
+            .map(|(a, b)| a / b)
+            .collect()
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn spread(v: &[f64]) -> f64 {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if lo > 0.0 {
+        hi / lo - 1.0
+    } else {
+        f64::NAN
+    }
+}
+
+fn report(opts: &mut Opts, row: &Row) {
+    let ratios = row.ratios();
+    let ratio = median(ratios.clone());
+    let verdict = match row.target {
+        Some(t) if ratio >= t => format!("meets >= {t}"),
+        Some(t) => format!("BELOW {t}"),
+        None => String::new(),
+    };
+    println!(
+        "{:9} {:44} {:>9.3} {:>9.3} {:4}  ratio {:>6.3} (spread {:>4.0}%)  {}",
+        row.section,
+        row.name,
+        median(row.ours.clone()),
+        median(row.base.clone()),
+        row.unit,
+        ratio,
+        spread(&ratios) * 100.0,
+        verdict
+    );
+    if let Some(file) = opts.json.as_mut() {
+        let mut line = String::new();
+        let _ = write!(
+            line,
+            "{{\"section\":\"{}\",\"name\":\"{}\",\"unit\":\"{}\",\"ours\":{:.4},\"baseline\":{:.4},\"ratio\":{:.4},\"rounds\":{},\"target\":{}}}",
+            row.section,
+            row.name,
+            row.unit,
+            median(row.ours.clone()),
+            median(row.base.clone()),
+            ratio,
+            ratios.len(),
+            row.target.map_or("null".to_string(), |t| t.to_string())
+        );
+        let _ = writeln!(file, "{line}");
+    }
+}
+
+/// Deterministic bytes (benchmark data, not secrets).
+fn data(len: usize, seed: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(7) ^ seed.wrapping_mul(13)) as u8)
+        .collect()
+}
+
+fn key_store() -> (KeyStore, KeyId) {
+    let keys = KeyStore::new();
+    let id = keys
+        .add(Key::new(vec![0x2b; 16]))
+        .expect("16 bytes is a valid key");
+    (keys, id)
+}
+
+/// `openssl speed -elapsed -evp NAME -bytes SIZE -seconds 1 -mr`, in GB/s; `None`
+/// where the binary is missing or prints nothing we can read.
+fn openssl_speed(name: &str, decrypt: bool, size: usize) -> Option<f64> {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["speed", "-elapsed", "-mr", "-seconds", "1", "-bytes"])
+        .arg(size.to_string());
+    if decrypt {
+        cmd.arg("-decrypt");
+    }
+    let out = cmd.args(["-evp", name]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Machine-readable result line: +F:<index>:<NAME>:<bytes per second>
+    text.lines()
+        .find_map(|l| l.strip_prefix("+F:"))
+        .and_then(|l| l.rsplit(':').next())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|bps| bps / 1e9)
+}
+
+/// Repeats `f` (which processes `bytes` bytes per call) for `seconds`, in GB/s.
+fn rate(seconds: f64, bytes: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm caches, contexts and allocations
+    let start = Instant::now();
+    let limit = Duration::from_secs_f64(seconds);
+    let mut done = 0usize;
+    while done == 0 || start.elapsed() < limit {
+        f();
+        done += bytes;
+    }
+    done as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// `engine`: the cpu engine, one lane, one 16 KiB job at a time, vs `openssl speed`.
+fn engine(opts: &mut Opts) {
+    let (keys, id) = key_store();
+    let cases = [
+        (
+            "aes-128-cbc",
+            false,
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+        ),
+        ("aes-128-cbc", true, Cipher::AES_128_CBC, Direction::Decrypt),
+        (
+            "aes-128-ctr",
+            false,
+            Cipher::AES_128_CTR,
+            Direction::Encrypt,
+        ),
+        (
+            "aes-128-gcm",
+            false,
+            Cipher::AES_128_GCM,
+            Direction::Encrypt,
+        ),
+    ];
+    for (name, decrypt, cipher, direction) in cases {
+        let job = Job::with_iv(
+            cipher,
+            direction,
+            id,
+            &[7; 16][..cipher.iv_len()],
+            data(KIB16, 1),
+        )
+        .expect("IV length fits");
+        let mut lane = CpuEngine::with_lanes(1).lane(0);
+        let mut out = JobOutput::default();
+        let mut row = Row {
+            section: "engine",
+            name: format!("{name} {direction} 16KiB 1 lane vs openssl speed"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            unit: "GB/s",
+            target: Some(0.95),
+        };
+        for _ in 0..opts.rounds {
+            let ours = rate(opts.seconds, KIB16, || {
+                lane.run(&job, &keys, &mut out).expect("bench job runs");
+            });
+            if opts.quick {
+                println!("engine    {name} {direction}: {ours:.3} GB/s (openssl speed skipped in --quick)");
+                continue;
+            }
+            let Some(base) = openssl_speed(name, decrypt, KIB16) else {
+                println!("engine    openssl speed unavailable: skipped");
+                return;
+            };
+            row.ours.push(ours);
+            row.base.push(base);
+        }
+        if !opts.quick {
+            report(opts, &row);
+        }
+    }
+}
+
+/// Jobs of `size` bytes filling the working set (at least `min` of them).
+fn cbc_jobs(id: KeyId, size: usize, min: usize) -> Vec<Job> {
+    (0..(WORKING_SET / size).max(min))
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                id,
+                [i as u8; 16],
+                data(size, i),
+            )
+        })
+        .collect()
+}
+
+/// Runs `jobs` on `lane` the way a dispatcher lane does, `batch` jobs per pull, with
+/// output buffers reused from round to round.
+fn lane_pass(
+    lane: &mut dyn Lane,
+    keys: &KeyStore,
+    jobs: &[Job],
+    batch: usize,
+    outs: &mut [JobOutput],
+) {
+    let mut results: Vec<hetcrypt::Result<()>> = (0..batch).map(|_| Ok(())).collect();
+    for (chunk, outs) in jobs.chunks(batch).zip(outs.chunks_mut(batch)) {
+        let refs: Vec<&Job> = chunk.iter().collect();
+        lane.run_batch(&refs, keys, outs, &mut results[..chunk.len()]);
+    }
+}
+
+/// `multibuf`: many CBC encryption jobs on one lane vs `openssl speed -evp
+/// aes-128-cbc` (one buffer, one chain) at the same size; on the lane alone and
+/// through the dispatcher (`pull`, one lane, outputs allocated per batch).
+fn multibuf(opts: &mut Opts) {
+    let (keys, id) = key_store();
+    let sizes: &[usize] = if opts.quick {
+        &[1024]
+    } else {
+        &[1024, 4096, KIB16]
+    };
+    for &size in sizes {
+        let jobs = cbc_jobs(id, size, 64);
+        let bytes = jobs.len() * size;
+        let engine = CpuEngine::with_lanes(1);
+        let mut lane = engine.lane(0);
+        let mut outs = vec![JobOutput::default(); jobs.len()];
+        let dispatcher = Dispatcher::new(vec![engine.clone().into_engine()]).expect("one engine");
+        let did = dispatcher
+            .add_key(Key::new(vec![0x2b; 16]))
+            .expect("valid key");
+        let djobs: Vec<Job> = cbc_jobs(did, size, 64);
+        let mut lane_row = Row {
+            section: "multibuf",
+            name: format!("cbc encrypt {size}B jobs, lane vs openssl speed"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            unit: "GB/s",
+            target: Some(2.5),
+        };
+        let mut pull_row = Row {
+            name: format!("cbc encrypt {size}B jobs, pull 1 lane vs openssl speed"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            ..lane_row
+        };
+        for _ in 0..opts.rounds {
+            let ours = rate(opts.seconds, bytes, || {
+                lane_pass(&mut lane, &keys, &jobs, engine_batch(&engine), &mut outs)
+            });
+            let pulled = rate(opts.seconds, bytes, || {
+                let batch = dispatcher.run(&djobs, &Pull).expect("pull plans");
+                assert_eq!(batch.report.job_errors, 0);
+            });
+            if opts.quick {
+                println!("multibuf  cbc {size}B: lane {ours:.3} GB/s, pull {pulled:.3} GB/s");
+                continue;
+            }
+            let Some(base) = openssl_speed("aes-128-cbc", false, size) else {
+                println!("multibuf  openssl speed unavailable: skipped");
+                return;
+            };
+            lane_row.ours.push(ours);
+            lane_row.base.push(base);
+            pull_row.ours.push(pulled);
+            pull_row.base.push(base);
+        }
+        if !opts.quick {
+            report(opts, &lane_row);
+            report(opts, &pull_row);
+        }
+    }
+}
+
+fn engine_batch(engine: &CpuEngine) -> usize {
+    use hetcrypt::engine::Engine;
+    engine.max_batch()
+}
+
+/// `chains`: the multi-buffer width sweep — N chains in lockstep vs EVP one job at a
+/// time (N = 1), same jobs, same lane code path.
+fn chains(opts: &mut Opts) {
+    let (keys, id) = key_store();
+    let sizes: &[usize] = if opts.quick { &[1024] } else { &[1024, KIB16] };
+    for &size in sizes {
+        let jobs = cbc_jobs(id, size, 64);
+        let bytes = jobs.len() * size;
+        let widths: &[usize] = if opts.quick {
+            &[8]
+        } else {
+            &[2, 4, 6, 8, 12, 16]
+        };
+        let mut single = CpuEngine::with_lanes(1).multibuffer(1).lane(0);
+        let mut outs = vec![JobOutput::default(); jobs.len()];
+        for &n in widths {
+            let mut lane = CpuEngine::with_lanes(1).multibuffer(n).lane(0);
+            let mut row = Row {
+                section: "chains",
+                name: format!("cbc encrypt {size}B, {n} chains vs 1 (EVP)"),
+                ours: Vec::new(),
+                base: Vec::new(),
+                unit: "GB/s",
+                target: None,
+            };
+            for _ in 0..opts.rounds {
+                row.ours.push(rate(opts.seconds, bytes, || {
+                    lane_pass(&mut lane, &keys, &jobs, n, &mut outs)
+                }));
+                row.base.push(rate(opts.seconds, bytes, || {
+                    lane_pass(&mut single, &keys, &jobs, 1, &mut outs)
+                }));
+            }
+            report(opts, &row);
+        }
+    }
+}
+
+/// The bare loop `dispatch` compares with: one keyed EVP context, per job a new IV,
+/// one update and a final into a fresh output vector — the same product the
+/// dispatcher returns, without any scheduling.
+fn bare_evp(ctx: &mut CipherCtx, jobs: &[Job]) -> Vec<Vec<u8>> {
+    jobs.iter()
+        .map(|job| {
+            ctx.encrypt_init(None, None, Some(job.iv()))
+                .expect("IV fits");
+            let mut out = vec![0; job.input.len() + 16];
+            let n = ctx
+                .cipher_update(&job.input, Some(&mut out))
+                .expect("update");
+            let m = ctx.cipher_final(&mut out[n..]).expect("final");
+            out.truncate(n + m);
+            out
+        })
+        .collect()
+}
+
+/// `dispatch`: AES-128-CTR jobs through `pull` on one lane vs the bare EVP loop on the
+/// same jobs (the dispatch tax).
+fn dispatch(opts: &mut Opts) {
+    let cases: &[(usize, usize, f64)] = if opts.quick {
+        &[(16, 2_000, 0.70)]
+    } else {
+        // (job size, jobs per batch, target): batches of ~10-40 ms.
+        &[
+            (16, 200_000, 0.70),
+            (1024, 20_000, 0.95),
+            (KIB16, 2_000, 0.95),
+        ]
+    };
+    for &(size, count, target) in cases {
+        let dispatcher =
+            Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine()]).expect("one engine");
+        let id = dispatcher
+            .add_key(Key::new(vec![0x2b; 16]))
+            .expect("valid key");
+        let jobs: Vec<Job> = (0..count)
+            .map(|i| {
+                let mut iv = [0u8; 16];
+                iv[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    id,
+                    iv,
+                    data(size, i),
+                )
+            })
+            .collect();
+        let mut ctx = CipherCtx::new().expect("context");
+        ctx.encrypt_init(
+            Some(openssl::cipher::Cipher::aes_128_ctr()),
+            Some(&[0x2b; 16]),
+            None,
+        )
+        .expect("init");
+        // The two must agree, or the comparison means nothing.
+        let bare = bare_evp(&mut ctx, &jobs);
+        let pulled = dispatcher.run(&jobs, &Pull).expect("pull plans");
+        for (a, b) in bare.iter().zip(&pulled.outputs) {
+            assert_eq!(a, &b.as_ref().expect("job runs").data);
+        }
+        drop((bare, pulled));
+        let mut row = Row {
+            section: "dispatch",
+            name: format!("ctr {size}B x{count}: pull 1 lane vs bare EVP loop"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            unit: "GB/s",
+            target: Some(target),
+        };
+        let bytes = count * size;
+        let seconds = opts.seconds.min(0.5);
+        for round in 0..opts.rounds.max(1) * 2 {
+            // Alternate which side goes first: neither always gets the warmer caches.
+            let p = || {
+                rate(seconds, bytes, || {
+                    drop(dispatcher.run(&jobs, &Pull).expect("pull plans"))
+                })
+            };
+            let mut b = || rate(seconds, bytes, || drop(bare_evp(&mut ctx, &jobs)));
+            let (pr, br) = if round % 2 == 0 {
+                let pr = p();
+                (pr, b())
+            } else {
+                let br = b();
+                (p(), br)
+            };
+            row.ours.push(pr);
+            row.base.push(br);
+        }
+        let per_job_ns = |gbs: f64| size as f64 / gbs;
+        report(opts, &row);
+        println!(
+            "{:9} per job: pull {:.0} ns, bare loop {:.0} ns, tax {:.0} ns",
+            "",
+            per_job_ns(median(row.ours.clone())),
+            per_job_ns(median(row.base.clone())),
+            per_job_ns(median(row.ours.clone())) - per_job_ns(median(row.base.clone()))
+        );
+    }
+}
+
+/// Adds `blocks` to a 128-bit big-endian counter block.
+fn ctr_add(iv: [u8; 16], blocks: u128) -> [u8; 16] {
+    u128::from_be_bytes(iv).wrapping_add(blocks).to_be_bytes()
+}
+
+/// `split`: one 64 MiB CTR message cut into pieces (each its own job, its counter
+/// advanced to the piece's offset) run by `pull` on 2 lanes vs 1.
+fn split(opts: &mut Opts) {
+    // The seeds' Xeon Phi experiment used 64 MB; pieces of 1 MiB let pull balance.
+    let (total, piece) = if opts.quick {
+        (4 << 20, 1 << 20)
+    } else {
+        (64 << 20, 1 << 20)
+    };
+    let message = data(total, 3);
+    let iv = [0xf0; 16];
+    let run = |lanes: usize| {
+        let d =
+            Dispatcher::new(vec![CpuEngine::with_lanes(lanes).into_engine()]).expect("one engine");
+        let id = d.add_key(Key::new(vec![0x2b; 16])).expect("valid key");
+        let jobs: Vec<Job> = message
+            .chunks(piece)
+            .enumerate()
+            .map(|(i, p)| {
+                let iv = ctr_add(iv, (i * piece / 16) as u128);
+                Job::new(Cipher::AES_128_CTR, Direction::Encrypt, id, iv, p.to_vec())
+            })
+            .collect();
+        (d, jobs)
+    };
+    let (one, jobs1) = run(1);
+    let (two, jobs2) = run(2);
+    // The pieces must put back together the one-message ciphertext.
+    let whole = openssl::symm::encrypt(
+        openssl::symm::Cipher::aes_128_ctr(),
+        &[0x2b; 16],
+        Some(&iv),
+        &message,
+    )
+    .expect("one-shot CTR");
+    let joined: Vec<u8> = two
+        .run(&jobs2, &Pull)
+        .expect("pull plans")
+        .outputs
+        .into_iter()
+        .flat_map(|o| o.expect("piece runs").data)
+        .collect();
+    assert!(joined == whole, "split CTR differs from one-shot CTR");
+    drop((whole, joined));
+    let mut row = Row {
+        section: "split",
+        name: format!("ctr {} MiB in 1 MiB pieces: 2 lanes vs 1", total >> 20),
+        ours: Vec::new(),
+        base: Vec::new(),
+        unit: "GB/s",
+        target: Some(1.8),
+    };
+    let reps = if opts.quick {
+        1
+    } else {
+        opts.rounds.max(1) * 2
+    };
+    for round in 0..reps {
+        let time = |d: &Dispatcher, jobs: &[Job]| {
+            let r = d.run(jobs, &Pull).expect("pull plans");
+            r.report.bytes_per_second() / 1e9
+        };
+        if round % 2 == 0 {
+            row.ours.push(time(&two, &jobs2));
+            row.base.push(time(&one, &jobs1));
+        } else {
+            row.base.push(time(&one, &jobs1));
+            row.ours.push(time(&two, &jobs2));
+        }
+    }
+    report(opts, &row);
+}
+
+fn main() {
+    let mut opts = Opts::parse();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "hetcrypt targets: {} rounds, {} s per side{}; cores {}; load {}",
+        opts.rounds,
+        opts.seconds,
+        if opts.quick { " (quick)" } else { "" },
+        hetcrypt::engine::cpu::available_cores(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "{:9} {:44} {:>9} {:>9} {:4}  (medians; ratio = median of per-round ratios)",
+        "section", "pair", "ours", "baseline", ""
+    );
+    let sections: [(&str, fn(&mut Opts)); 5] = [
+        ("engine", engine),
+        ("multibuf", multibuf),
+        ("chains", chains),
+        ("dispatch", dispatch),
+        ("split", split),
+    ];
+    for (name, f) in sections {
+        if opts.wants(name) {
+            f(&mut opts);
+        }
+    }
+}
