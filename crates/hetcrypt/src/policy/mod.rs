@@ -5,14 +5,22 @@
 //! their next jobs. Fail-over is the dispatcher's mechanism; a policy only hands back
 //! the jobs it had reserved for an engine that failed.
 
+pub mod adaptive;
 mod only;
+mod polling;
 mod pull;
 pub mod queue;
+mod round_robin;
+pub mod threshold;
 
 use std::time::Duration;
 
+pub use adaptive::Adaptive;
 pub use only::Only;
+pub use polling::Polling;
 pub use pull::Pull;
+pub use round_robin::RoundRobin;
+pub use threshold::Threshold;
 
 use crate::cipher::{Cipher, Direction};
 use crate::engine::EngineKind;
@@ -150,8 +158,20 @@ pub fn by_name(name: &str) -> Result<Box<dyn Policy>> {
     if let Some(engine) = name.strip_prefix("only:") {
         return Ok(Box::new(Only::new(engine)));
     }
+    if let Some(bytes) = name.strip_prefix("threshold:") {
+        // Digits only: `usize::from_str` would also take a leading '+'.
+        if !bytes.is_empty() && bytes.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(bytes) = bytes.parse() {
+                return Ok(Box::new(Threshold::fixed(bytes)));
+            }
+        }
+    }
     match name {
         "pull" => Ok(Box::new(Pull)),
+        "round-robin" => Ok(Box::new(RoundRobin)),
+        "polling" => Ok(Box::new(Polling)),
+        "threshold" => Ok(Box::new(Threshold::calibrating())),
+        "adaptive" => Ok(Box::new(Adaptive::new())),
         _ => Err(crate::Error::UnknownName {
             what: "policy",
             name: name.to_string(),

@@ -53,6 +53,31 @@ impl GroupedQueue {
         }
     }
 
+    /// Queues each `(job index, engines)` pair with its own engine set (a policy that
+    /// narrows where each job may go, e.g. `threshold`). Pairs with no engine are left
+    /// out.
+    pub fn from_masks(jobs: impl IntoIterator<Item = (usize, EngineMask)>) -> Self {
+        let mut groups: Vec<Group> = Vec::new();
+        for (i, engines) in jobs {
+            if engines.is_empty() {
+                continue;
+            }
+            match groups.iter_mut().find(|g| g.engines == engines) {
+                Some(g) => g.jobs.push(i),
+                None => groups.push(Group {
+                    engines,
+                    jobs: vec![i],
+                    next: AtomicUsize::new(0),
+                }),
+            }
+        }
+        groups.sort_by_key(|g| g.engines.count());
+        GroupedQueue {
+            groups,
+            failed: AtomicU64::new(0),
+        }
+    }
+
     /// Takes at most `max` jobs that `engine` can run into `out`; returns how many.
     pub fn take(&self, engine: usize, max: usize, out: &mut Vec<usize>) -> usize {
         let mut taken = 0;
@@ -105,5 +130,79 @@ impl GroupedQueue {
             }
         }
         out
+    }
+}
+
+/// The engines of a plan that have lanes in this batch (engines that failed in an
+/// earlier batch have none). Policies place jobs only on these, so a job no live engine
+/// can run is never reserved (the dispatcher has already failed it with `NoEngine`).
+pub fn live_engines(plan: &super::Plan<'_>) -> EngineMask {
+    let mut mask = EngineMask::default();
+    for (i, e) in plan.engines.iter().enumerate() {
+        if e.lanes > 0 {
+            mask.insert(i);
+        }
+    }
+    mask
+}
+
+/// A fixed list of job indices taken front to back by concurrent lanes: one atomic add
+/// per take, no lock. The building block of the policies that reserve jobs per engine
+/// (`round-robin`) or per class of jobs (`adaptive`).
+#[derive(Debug, Default)]
+pub struct JobList {
+    jobs: Vec<usize>,
+    next: AtomicUsize,
+}
+
+impl JobList {
+    /// A list holding `jobs`, to be taken in this order.
+    pub fn new(jobs: Vec<usize>) -> Self {
+        JobList {
+            jobs,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes at most `max` jobs into `out`; returns how many.
+    pub fn take(&self, max: usize, out: &mut Vec<usize>) -> usize {
+        if max == 0 || self.next.load(Ordering::Relaxed) >= self.jobs.len() {
+            return 0;
+        }
+        let start = self.next.fetch_add(max, Ordering::Relaxed);
+        if start >= self.jobs.len() {
+            return 0;
+        }
+        let end = start.saturating_add(max).min(self.jobs.len());
+        out.extend_from_slice(&self.jobs[start..end]);
+        end - start
+    }
+
+    /// Jobs not yet taken.
+    pub fn remaining(&self) -> usize {
+        self.jobs
+            .len()
+            .saturating_sub(self.next.load(Ordering::Relaxed))
+    }
+
+    /// Takes every job not yet taken and closes the list for good.
+    pub fn drain(&self) -> Vec<usize> {
+        // Park the cursor far past the end (as `GroupedQueue::engine_failed` does): no
+        // lane takes from this list again, and concurrent adds cannot overflow.
+        let start = self.next.swap(usize::MAX / 2, Ordering::Relaxed);
+        self.jobs
+            .get(start..)
+            .map(<[usize]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// Number of jobs the list was made with.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether the list was made empty.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
     }
 }

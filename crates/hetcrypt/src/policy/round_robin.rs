@@ -1,0 +1,158 @@
+//! `round-robin`: the seeds' static baseline — jobs dealt to the engines in turn, 1:1.
+
+use super::queue::{live_engines, JobList};
+use super::{Plan, Policy, Schedule, MAX_ENGINES};
+use crate::error::Result;
+
+/// Deals the jobs to the engines in turn before the batch starts (job 0 to the first
+/// engine that can run it, job 1 to the next, ...); each lane then takes from its own
+/// engine's list. Nothing moves between engines afterwards, so a slow engine holds
+/// half the batch however slow it is — that is the point of this baseline.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundRobin;
+
+impl Policy for RoundRobin {
+    fn name(&self) -> String {
+        "round-robin".to_string()
+    }
+
+    fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
+        let live = live_engines(plan);
+        let n_engines = plan.engines.len().min(MAX_ENGINES);
+        let mut lists: Vec<Vec<usize>> = vec![Vec::new(); n_engines];
+        // The engine whose turn it is; a job skips the engines that cannot run it, and
+        // the turn passes to the engine after the one that got it.
+        let mut turn = 0;
+        for (i, job) in plan.jobs.iter().enumerate() {
+            let can = job.engines.intersect(live);
+            if can.is_empty() {
+                continue;
+            }
+            let engine = (0..n_engines)
+                .map(|k| (turn + k) % n_engines)
+                .find(|&e| can.contains(e))
+                .expect("a non-empty engine set has a member below MAX_ENGINES");
+            lists[engine].push(i);
+            turn = engine + 1;
+        }
+        Ok(Box::new(RoundRobinSchedule {
+            lists: lists.into_iter().map(JobList::new).collect(),
+            engine_of: plan.lanes.iter().map(|l| l.engine).collect(),
+        }))
+    }
+}
+
+/// One list of reserved jobs per engine.
+struct RoundRobinSchedule {
+    lists: Vec<JobList>,
+    engine_of: Vec<usize>,
+}
+
+impl Schedule for RoundRobinSchedule {
+    fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool {
+        self.lists[self.engine_of[lane]].take(max, out) > 0
+    }
+
+    fn engine_failed(&self, engine: usize) -> Vec<usize> {
+        self.lists
+            .get(engine)
+            .map(JobList::drain)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cipher::{Cipher, Direction};
+    use crate::engine::EngineKind;
+    use crate::policy::{EngineMask, EngineMeta, JobMeta, LaneMeta};
+
+    fn engine(name: &str, lanes: usize) -> EngineMeta {
+        EngineMeta {
+            name: name.to_string(),
+            kind: EngineKind::Cpu,
+            lanes,
+            max_batch: 1,
+            uses_host_cpu: true,
+        }
+    }
+
+    fn job(engines: u64) -> JobMeta {
+        JobMeta {
+            len: 64,
+            cipher: Cipher::AES_128_CBC,
+            direction: Direction::Encrypt,
+            engines: EngineMask(engines),
+        }
+    }
+
+    fn drain_lane(s: &dyn Schedule, lane: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        while s.next(lane, 1, &mut out) {}
+        out
+    }
+
+    #[test]
+    fn deals_in_turn_and_skips_engines_that_cannot_run_a_job() {
+        let engines = [engine("a", 1), engine("b", 1), engine("c", 1)];
+        let lanes: Vec<LaneMeta> = (0..3)
+            .map(|e| LaneMeta {
+                engine: e,
+                index: 0,
+            })
+            .collect();
+        // Job 3 only runs on engine 0; engine 2 failed earlier (no lanes) below.
+        let jobs = [job(0b111), job(0b111), job(0b111), job(0b001), job(0b111)];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = RoundRobin.plan(&plan).unwrap();
+        assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 3]);
+        assert_eq!(drain_lane(s.as_ref(), 1), vec![1, 4]);
+        assert_eq!(drain_lane(s.as_ref(), 2), vec![2]);
+
+        let engines = [engine("a", 1), engine("b", 1), engine("c", 0)];
+        let plan = Plan {
+            engines: &engines,
+            lanes: &lanes[..2],
+            ..plan
+        };
+        let s = RoundRobin.plan(&plan).unwrap();
+        assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 2, 3]);
+        assert_eq!(drain_lane(s.as_ref(), 1), vec![1, 4]);
+    }
+
+    #[test]
+    fn a_failed_engine_gives_back_exactly_its_untaken_jobs() {
+        let engines = [engine("a", 1), engine("b", 1)];
+        let lanes = [
+            LaneMeta {
+                engine: 0,
+                index: 0,
+            },
+            LaneMeta {
+                engine: 1,
+                index: 0,
+            },
+        ];
+        let jobs = vec![job(0b11); 6];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = RoundRobin.plan(&plan).unwrap();
+        let mut taken = Vec::new();
+        assert!(s.next(1, 1, &mut taken));
+        assert_eq!(taken, vec![1]);
+        assert_eq!(s.engine_failed(1), vec![3, 5]);
+        assert!(!s.next(1, 1, &mut taken), "nothing more after the failure");
+        assert!(s.engine_failed(1).is_empty(), "given back only once");
+        assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 2, 4]);
+    }
+}

@@ -1,0 +1,537 @@
+//! `threshold`: small jobs to the CPU, large jobs to the other engine(s) — the size split
+//! of Intel's QAT_Engine (`SET_*_THRESHOLD`) and DPDK's packet-size scheduler.
+//!
+//! Two ways to get the threshold, both from measurement:
+//! - [`calibrate`] runs short probe batches of each size on each engine alone
+//!   (`only:<engine>`) before the work starts and returns the crossover size; the caller
+//!   then uses [`Threshold::fixed`] (`threshold:<bytes>` on the command line);
+//! - [`Threshold::calibrating`] (`threshold` on the command line) measures during the
+//!   work itself: jobs of a class (cipher, direction, log2 size bucket) that it has not
+//!   measured on both sides yet are shared by all engines as under `pull`, with per-job
+//!   timings; once both sides have estimates (kept in the policy value, across batches),
+//!   the class is split at the crossover, and timing is switched off for batches that
+//!   need no more measuring. The estimates are never refreshed after that: like
+//!   QAT_Engine's, this threshold is set once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::adaptive::model::{self, Estimate, SharedEstimate};
+use super::queue::{live_engines, GroupedQueue};
+use super::{EngineMask, Plan, Policy, Schedule};
+use crate::cipher::{Cipher, Direction};
+use crate::dispatch::Dispatcher;
+use crate::engine::EngineKind;
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::key::Key;
+
+/// Estimates across batches: engine name and lane count, cipher, direction, size bucket.
+type ModelKey = (String, usize, Cipher, Direction, usize);
+
+/// Locks a mutex, going on with the data if a lane panicked while holding it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where the threshold comes from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// Set by the caller (from [`calibrate`] or by hand).
+    Fixed(usize),
+    /// Learned from the batches' own timings.
+    Calibrating(Arc<Mutex<HashMap<ModelKey, Estimate>>>),
+}
+
+/// Jobs shorter than the threshold go to the `cpu`-kind engine, the others to the other
+/// engine(s). With one engine, everything goes to it. A job the preferred side cannot
+/// run goes to any engine that can.
+#[derive(Clone, Debug)]
+pub struct Threshold {
+    source: Source,
+}
+
+impl Threshold {
+    /// A set threshold in bytes (`threshold:<bytes>`): jobs of fewer bytes go to the CPU.
+    pub fn fixed(bytes: usize) -> Self {
+        Threshold {
+            source: Source::Fixed(bytes),
+        }
+    }
+
+    /// A threshold learned from the work's own timings (`threshold`); see the module
+    /// documentation. Clones share what was learned.
+    pub fn calibrating() -> Self {
+        Threshold {
+            source: Source::Calibrating(Arc::default()),
+        }
+    }
+
+    /// The set threshold, if this is [`Threshold::fixed`].
+    pub fn bytes(&self) -> Option<usize> {
+        match self.source {
+            Source::Fixed(n) => Some(n),
+            Source::Calibrating(_) => None,
+        }
+    }
+}
+
+impl Policy for Threshold {
+    fn name(&self) -> String {
+        match self.source {
+            Source::Fixed(n) => format!("threshold:{n}"),
+            Source::Calibrating(_) => "threshold".to_string(),
+        }
+    }
+
+    fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
+        let live = live_engines(plan);
+        let Some((small, large)) = sides(plan, live) else {
+            // No engine has lanes: the dispatcher has already failed every job.
+            return Ok(Box::new(Split::fixed(GroupedQueue::from_masks([]), plan)));
+        };
+        let mut small_mask = EngineMask::default();
+        small_mask.insert(small);
+        let place = |i: usize, threshold: usize| {
+            let job = &plan.jobs[i];
+            let can = job.engines.intersect(live);
+            let side = if job.len < threshold {
+                small_mask
+            } else {
+                large
+            };
+            let preferred = can.intersect(side);
+            (i, if preferred.is_empty() { can } else { preferred })
+        };
+        match &self.source {
+            Source::Fixed(threshold) => {
+                let queue =
+                    GroupedQueue::from_masks((0..plan.jobs.len()).map(|i| place(i, *threshold)));
+                Ok(Box::new(Split::fixed(queue, plan)))
+            }
+            Source::Calibrating(learned) => {
+                let learning = Learning::new(plan, small, large, Arc::clone(learned));
+                let queue = GroupedQueue::from_masks((0..plan.jobs.len()).map(|i| {
+                    match learning.threshold_for(i, plan) {
+                        Some(threshold) => place(i, threshold),
+                        // Not measured on both sides yet: everyone may take it.
+                        None => (i, plan.jobs[i].engines.intersect(live)),
+                    }
+                }));
+                Ok(Box::new(Split {
+                    queue,
+                    engine_of: plan.lanes.iter().map(|l| l.engine).collect(),
+                    learning: Some(learning),
+                }))
+            }
+        }
+    }
+}
+
+/// The small side (the first live `cpu`-kind engine, else the first live engine) and
+/// the large side (every other live engine, or the small one if it is alone).
+fn sides(plan: &Plan<'_>, live: EngineMask) -> Option<(usize, EngineMask)> {
+    let is_live = |i: &usize| live.contains(*i);
+    let small = (0..plan.engines.len())
+        .filter(is_live)
+        .find(|&i| plan.engines[i].kind == EngineKind::Cpu)
+        .or_else(|| (0..plan.engines.len()).find(is_live))?;
+    let mut large = EngineMask(live.0 & !(1u64 << small));
+    if large.is_empty() {
+        large.insert(small);
+    }
+    Some((small, large))
+}
+
+/// The smallest job length from which the large side should take the work, given, per
+/// measured size (ascending, smallest length of each size bucket), the jobs per second
+/// each side completes with all its lanes: the start of the run of sizes at the top
+/// where the large side is at least as fast. 0 if it wins everywhere, `usize::MAX` if
+/// it loses at the largest measured size (or nothing is measured).
+pub fn crossover(points: &[(usize, f64, f64)]) -> usize {
+    let mut threshold = usize::MAX;
+    for &(len, small, large) in points.iter().rev() {
+        if large >= small {
+            threshold = len;
+        } else {
+            break;
+        }
+    }
+    if points.first().map(|p| p.0) == Some(threshold) {
+        0
+    } else {
+        threshold
+    }
+}
+
+/// Job sizes [`calibrate`] measures: 16 B to 64 KiB in steps of 4x, around the 1.5-2 KiB
+/// crossover the seeds found and past the 16 KiB chunks of the file format.
+pub const PROBE_SIZES: [usize; 7] = [16, 64, 256, 1024, 4096, 16 * 1024, 64 * 1024];
+
+/// Bytes per probe batch: 1 MiB keeps a batch to tens of milliseconds even on the
+/// guest's ~45 MB/s device, yet long against a clock read.
+const PROBE_BYTES: usize = 1 << 20;
+
+/// Jobs per probe batch, at least: enough jobs that per-request overhead, the thing the
+/// crossover is about, dominates a small-size batch.
+const PROBE_MIN_JOBS: usize = 32;
+
+/// Jobs per probe batch, at most: 256 requests of ~180 µs (the guest device's floor)
+/// take ~50 ms.
+const PROBE_MAX_JOBS: usize = 256;
+
+/// Timed runs per engine and size; the median is kept (the first run also pays for key
+/// setup on each lane).
+const PROBE_REPEATS: usize = 3;
+
+/// One measured size of a [`Calibration`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CalibrationPoint {
+    /// Job length in bytes.
+    pub len: usize,
+    /// Throughput of the small side (`cpu`) alone, bytes per second.
+    pub small: f64,
+    /// Throughput of the best other engine alone, bytes per second.
+    pub large: f64,
+}
+
+/// What [`calibrate`] measured and the threshold it chose.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// Jobs shorter than this go to the CPU (0: none do; `usize::MAX`: all do).
+    pub threshold: usize,
+    /// The small side's engine.
+    pub small: String,
+    /// The other engines compared with it.
+    pub large: Vec<String>,
+    /// Per probe size.
+    pub points: Vec<CalibrationPoint>,
+}
+
+impl Calibration {
+    /// The policy this calibration calls for.
+    pub fn policy(&self) -> Threshold {
+        Threshold::fixed(self.threshold)
+    }
+}
+
+/// Measures `cipher` in `direction` at each of [`PROBE_SIZES`] on the `cpu`-kind engine
+/// alone and on each other engine alone (`only:<engine>`, median of a few short
+/// batches), and returns the size from which the best other engine is at least as fast
+/// as the CPU (see [`crossover`]).
+///
+/// Registers one random key with the dispatcher for the probe jobs. Fails if the
+/// dispatcher has no working `cpu`-kind engine and another working engine that runs the
+/// cipher, or if an engine fails or a probe job errs.
+pub fn calibrate(
+    dispatcher: &Dispatcher,
+    cipher: Cipher,
+    direction: Direction,
+) -> Result<Calibration> {
+    let failed: Vec<String> = dispatcher
+        .failed_engines()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let usable: Vec<(String, EngineKind)> = dispatcher
+        .engines()
+        .iter()
+        .filter(|e| !failed.iter().any(|f| f == e.name()) && e.supports(cipher, direction))
+        .map(|e| (e.name().to_string(), e.info().kind))
+        .collect();
+    let small = usable
+        .iter()
+        .find(|(_, k)| *k == EngineKind::Cpu)
+        .map(|(n, _)| n.clone());
+    let large: Vec<String> = usable
+        .iter()
+        .map(|(n, _)| n.clone())
+        .filter(|n| Some(n) != small.as_ref())
+        .collect();
+    let (Some(small), false) = (small, large.is_empty()) else {
+        return Err(Error::Policy {
+            policy: "threshold".to_string(),
+            reason: format!(
+                "calibration needs a working cpu engine and another working engine that runs {cipher} {direction}"
+            ),
+        });
+    };
+    let mut key = vec![0u8; cipher.key_len()];
+    openssl::rand::rand_bytes(&mut key)?;
+    let key = dispatcher.add_key(Key::new(key))?;
+    let iv = vec![0u8; cipher.iv_len()];
+
+    let mut points = Vec::new();
+    for len in PROBE_SIZES {
+        let n = (PROBE_BYTES / len).clamp(PROBE_MIN_JOBS, PROBE_MAX_JOBS);
+        let plain: Vec<Job> = (0..n)
+            .map(|_| Job::with_iv(cipher, Direction::Encrypt, key, &iv, vec![0u8; len]))
+            .collect::<Result<_>>()?;
+        let jobs = match direction {
+            Direction::Encrypt => plain,
+            // Decryption needs real ciphertext (and tags): seal the probes first.
+            Direction::Decrypt => {
+                let sealed = timed_run(dispatcher, &plain, &small)?.1;
+                plain
+                    .iter()
+                    .zip(sealed)
+                    .map(|(job, out)| {
+                        let mut dec =
+                            Job::with_iv(cipher, Direction::Decrypt, key, job.iv(), out.data)?;
+                        dec.tag = out.tag;
+                        Ok(dec)
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
+        let bytes = (n * len) as f64;
+        let throughput = |engine: &str| -> Result<f64> {
+            let mut walls = Vec::with_capacity(PROBE_REPEATS);
+            for _ in 0..PROBE_REPEATS {
+                walls.push(timed_run(dispatcher, &jobs, engine)?.0);
+            }
+            walls.sort();
+            let median = walls[PROBE_REPEATS / 2].as_secs_f64();
+            Ok(if median > 0.0 {
+                bytes / median
+            } else {
+                f64::INFINITY
+            })
+        };
+        let small_rate = throughput(&small)?;
+        let mut large_rate: f64 = 0.0;
+        for engine in &large {
+            large_rate = large_rate.max(throughput(engine)?);
+        }
+        points.push(CalibrationPoint {
+            len,
+            small: small_rate,
+            large: large_rate,
+        });
+    }
+    let rates: Vec<(usize, f64, f64)> = points.iter().map(|p| (p.len, p.small, p.large)).collect();
+    Ok(Calibration {
+        threshold: crossover(&rates),
+        small,
+        large,
+        points,
+    })
+}
+
+/// Runs `jobs` on `engine` alone; its wall time and outputs, or the first failure.
+fn timed_run(
+    dispatcher: &Dispatcher,
+    jobs: &[Job],
+    engine: &str,
+) -> Result<(Duration, Vec<crate::job::JobOutput>)> {
+    let batch = dispatcher.run(jobs, &super::Only::new(engine))?;
+    if let Some(reason) = batch.report.engine(engine).and_then(|e| e.failed.clone()) {
+        return Err(Error::EngineFailed {
+            engine: engine.to_string(),
+            reason,
+        });
+    }
+    let outputs = batch.outputs.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok((batch.report.wall, outputs))
+}
+
+/// One size for [`crossover`]: smallest job length of the size bucket, jobs per second
+/// of the small side, jobs per second of the large side.
+type RatePoint = (usize, f64, f64);
+
+/// What the calibrating threshold measures during a batch.
+struct Learning {
+    small: usize,
+    large: EngineMask,
+    /// Per engine: name and lane count (the model's key).
+    names: Vec<(String, usize)>,
+    /// (cipher, direction, bucket) per model key.
+    keys: Vec<(Cipher, Direction, usize)>,
+    /// Per job: its model key.
+    key_of: Vec<usize>,
+    /// Per engine and key.
+    estimates: Vec<SharedEstimate>,
+    /// Per (cipher, direction): the threshold from what was known at plan time, and
+    /// the buckets measured on both sides.
+    thresholds: HashMap<(Cipher, Direction), (usize, Vec<usize>)>,
+    /// Whether some job of this batch is in a class still being measured.
+    measuring: bool,
+    learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+}
+
+impl Learning {
+    fn new(
+        plan: &Plan<'_>,
+        small: usize,
+        large: EngineMask,
+        learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+    ) -> Self {
+        let names: Vec<(String, usize)> = plan
+            .engines
+            .iter()
+            .map(|e| (e.name.clone(), e.lanes))
+            .collect();
+        let mut keys = Vec::new();
+        let mut key_index = HashMap::new();
+        let key_of = plan
+            .jobs
+            .iter()
+            .map(|job| {
+                let k = (job.cipher, job.direction, model::bucket(job.len));
+                *key_index.entry(k).or_insert_with(|| {
+                    keys.push(k);
+                    keys.len() - 1
+                })
+            })
+            .collect();
+        let stored = lock(&learned);
+        let estimates: Vec<SharedEstimate> = names
+            .iter()
+            .flat_map(|(name, n)| {
+                keys.iter().map(|&(c, d, b)| {
+                    SharedEstimate::new(
+                        stored
+                            .get(&(name.clone(), *n, c, d, b))
+                            .copied()
+                            .unwrap_or_default(),
+                    )
+                })
+            })
+            .collect();
+        // Per (cipher, direction): rates per bucket known on both sides, from every
+        // estimate stored so far (not only this batch's sizes).
+        let mut points: HashMap<(Cipher, Direction), Vec<RatePoint>> = HashMap::new();
+        let rate = |e: usize, c: Cipher, d: Direction, b: usize| -> Option<f64> {
+            let (name, lanes) = &names[e];
+            let cost = stored.get(&(name.clone(), *lanes, c, d, b))?.cost()?;
+            (cost.wall > 0.0).then(|| *lanes as f64 / cost.wall)
+        };
+        for (name, lanes, c, d, b) in stored.keys() {
+            if names[small] != (name.clone(), *lanes) {
+                continue;
+            }
+            let Some(small_rate) = rate(small, *c, *d, *b) else {
+                continue;
+            };
+            let large_rates: Vec<f64> = (0..names.len())
+                .filter(|&e| large.contains(e) && e != small)
+                .filter_map(|e| rate(e, *c, *d, *b))
+                .collect();
+            if large_rates.is_empty() {
+                continue;
+            }
+            points.entry((*c, *d)).or_default().push((
+                model::bucket_floor(*b),
+                small_rate,
+                large_rates.iter().sum(),
+            ));
+        }
+        drop(stored);
+        let thresholds = points
+            .into_iter()
+            .map(|(k, mut p)| {
+                p.sort_by_key(|p| p.0);
+                let known = p.iter().map(|p| model::bucket(p.0)).collect();
+                (k, (crossover(&p), known))
+            })
+            .collect();
+        let mut learning = Learning {
+            small,
+            large,
+            names,
+            keys,
+            key_of,
+            estimates,
+            thresholds,
+            measuring: false,
+            learned,
+        };
+        learning.measuring =
+            (0..plan.jobs.len()).any(|i| learning.threshold_for(i, plan).is_none());
+        learning
+    }
+
+    /// The threshold for job `i`, or `None` while its class is still being measured.
+    /// With a single engine there is nothing to measure: every job goes to it.
+    fn threshold_for(&self, i: usize, plan: &Plan<'_>) -> Option<usize> {
+        if self.large.contains(self.small) {
+            return Some(0);
+        }
+        let job = &plan.jobs[i];
+        let (threshold, known) = self.thresholds.get(&(job.cipher, job.direction))?;
+        known
+            .contains(&model::bucket(job.len))
+            .then_some(*threshold)
+    }
+}
+
+impl Drop for Learning {
+    /// Keeps what this batch measured for the next one.
+    fn drop(&mut self) {
+        if !self.measuring {
+            return;
+        }
+        let mut learned = lock(&self.learned);
+        for (e, (name, lanes)) in self.names.iter().enumerate() {
+            for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
+                let estimate = self.estimates[e * self.keys.len() + k].get();
+                if estimate.samples() > 0 {
+                    learned.insert((name.clone(), *lanes, cipher, direction, b), estimate);
+                }
+            }
+        }
+    }
+}
+
+/// A threshold batch: one queue of jobs, each restricted to its side.
+struct Split {
+    queue: GroupedQueue,
+    engine_of: Vec<usize>,
+    learning: Option<Learning>,
+}
+
+impl Split {
+    fn fixed(queue: GroupedQueue, plan: &Plan<'_>) -> Self {
+        Split {
+            queue,
+            engine_of: plan.lanes.iter().map(|l| l.engine).collect(),
+            learning: None,
+        }
+    }
+}
+
+impl Schedule for Split {
+    fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool {
+        self.queue.take(self.engine_of[lane], max, out) > 0
+    }
+
+    fn wants_timing(&self) -> bool {
+        self.learning.as_ref().is_some_and(|l| l.measuring)
+    }
+
+    fn completed(&self, lane: usize, jobs: &[usize], elapsed: Duration, cpu: Duration) {
+        let (Some(learning), Some(&engine)) = (&self.learning, self.engine_of.get(lane)) else {
+            return;
+        };
+        if !learning.measuring || jobs.is_empty() {
+            return;
+        }
+        let n = jobs.len() as f64;
+        let (wall, cpu) = (elapsed.as_secs_f64() / n, cpu.as_secs_f64() / n);
+        let mut last = None;
+        for &j in jobs {
+            let Some(&key) = learning.key_of.get(j) else {
+                continue;
+            };
+            if last != Some(key) {
+                last = Some(key);
+                learning.estimates[engine * learning.keys.len() + key].observe(wall, cpu);
+            }
+        }
+    }
+
+    fn engine_failed(&self, engine: usize) -> Vec<usize> {
+        self.queue.engine_failed(engine)
+    }
+}
