@@ -129,6 +129,17 @@ pub enum Error {
         /// What is wrong (duplicate name, too many engines).
         reason: String,
     },
+    /// A job that cannot be cut into independent sub-jobs (CBC encryption chains every
+    /// block to the previous one; GCM's tag covers the whole message).
+    #[error("{cipher} {direction} cannot be split: {reason}")]
+    CannotSplit {
+        /// The cipher.
+        cipher: Cipher,
+        /// The direction.
+        direction: crate::cipher::Direction,
+        /// Why, in words.
+        reason: &'static str,
+    },
     /// An I/O error.
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -38,6 +38,7 @@ pub mod job;
 pub mod key;
 pub mod policy;
 pub mod report;
+pub mod split;
 
 pub use cipher::{Cipher, Direction, KeySize, Mode};
 pub use dispatch::{BatchResult, Dispatcher};
