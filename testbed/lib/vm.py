@@ -42,6 +42,7 @@ BENIGN = re.compile(
     r"alg: akcipher: .*(encrypt test failed|virtio-crypto-rsa)"
 )
 BENIGN_QEMU = re.compile(r"RSA with raw padding is not supported")
+OOPS = re.compile(r"BUG:|Oops|general protection fault|Attempted to kill init")
 CONTROL = re.compile(r"@@HETCRYPT:(H@@ ?(?P<h>.*)|(?P<start>START)@@|EXIT:(?P<exit>\d+)@@)")
 
 _out_lock = threading.Lock()
@@ -145,7 +146,7 @@ class Unplugger(threading.Thread):
         def recv():
             line = f.readline()
             if not line:
-                raise RuntimeError("QMP connection closed")
+                raise RuntimeError("QMP connection closed (QEMU exited) before DEVICE_DELETED")
             return json.loads(line)
 
         greeting = recv()
@@ -284,6 +285,9 @@ def main():
         if not got:
             time.sleep(0.01)
 
+    if unplugger and unplugger.trigger.is_set():
+        # QEMU has gone: the DEVICE_DELETED event, if sent, is in the socket.
+        unplugger.join(2)
     total = time.monotonic() - t0
     qemu_log.close()
     qemu_msgs = [
@@ -292,7 +296,7 @@ def main():
     ]
 
     def post_mortem():
-        if recent:
+        if recent and not state["trouble"]:
             out.warn("last guest console lines:")
             for ln in recent[-40:]:
                 out.warn("  | " + ln)
@@ -309,8 +313,15 @@ def main():
         cmd_s = (exit_seen_at or time.monotonic()) - (state["started"] or t0)
         out.say("exit status %d (command %.1f s, total %.1f s)" % (state["exit"], cmd_s, total))
         return state["exit"]
-    if any("Kernel panic" in ln for ln in recent):
-        out.warn("FAILED: guest kernel panic (QEMU exit %d)" % proc.returncode)
+    panic = [ln for ln in recent if "Kernel panic" in ln]
+    if panic:
+        oops = [ln for ln in recent if OOPS.search(ln)]
+        out.warn("FAILED: guest kernel panic%s: %s" % (
+            " after an oops (%s)" % oops[0].split("] ", 1)[-1] if oops else "",
+            panic[-1].split("] ", 1)[-1]))
+        if not state["trouble"]:
+            post_mortem()
+        return EXIT_TESTBED
     elif state["started"] is None:
         out.warn("FAILED: guest did not boot to the command (QEMU exit %d)" % proc.returncode)
     else:
