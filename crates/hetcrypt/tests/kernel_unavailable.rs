@@ -6,8 +6,8 @@
 
 use std::io::Write;
 
-use hetcrypt::engine::kernel::{kernel_release, KernelEngine};
 use hetcrypt::engine;
+use hetcrypt::engine::kernel::{kernel_release, KernelEngine};
 use hetcrypt::{Cipher, Error, Mode};
 use nix::errno::Errno;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};

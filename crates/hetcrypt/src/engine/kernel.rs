@@ -12,6 +12,7 @@
 //! gone crashed the Debian 6.1 kernel in our testbed (DESIGN.md section 3).
 
 mod afalg;
+mod device;
 mod proc_crypto;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use block_padding::{Padding, Pkcs7};
 use nix::errno::Errno;
 
 use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
+use self::device::DeviceWatch;
 use self::proc_crypto::AlgEntry;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
@@ -84,6 +86,8 @@ struct Served {
     entry: Option<AlgEntry>,
     /// Whether that driver runs on a separate device.
     offload: bool,
+    /// For an offload driver: the device links whose vanishing means it is going.
+    watch: DeviceWatch,
 }
 
 /// Shared by an engine and all its lanes.
@@ -226,6 +230,7 @@ fn probe_generic() -> std::result::Result<Vec<Served>, String> {
                 key_sizes,
                 entry: None,
                 offload: false,
+                watch: DeviceWatch::default(),
             }),
             Ok(_) => missing.push(format!("{algorithm}: no AES key size accepted")),
             Err(e) => missing.push(format!("{algorithm}: {e}")),
@@ -243,6 +248,9 @@ fn probe_generic() -> std::result::Result<Vec<Served>, String> {
     for s in &mut served {
         s.entry = proc_crypto::best(&entries, s.algorithm, s.ty.as_str()).cloned();
         s.offload = s.entry.as_ref().is_some_and(|e| e.is_offload(&entries));
+        if let Some(e) = s.entry.as_ref().filter(|_| s.offload) {
+            s.watch = DeviceWatch::for_module(&e.module);
+        }
     }
     Ok(served)
 }
@@ -287,6 +295,11 @@ fn probe_driver(driver: &str) -> std::result::Result<Vec<Served>, String> {
         return Err(format!("driver '{driver}' accepts no AES key size"));
     }
     let offload = entry.is_offload(&entries);
+    let watch = if offload {
+        DeviceWatch::for_module(&entry.module)
+    } else {
+        DeviceWatch::default()
+    };
     Ok(vec![Served {
         algorithm,
         ty,
@@ -295,6 +308,7 @@ fn probe_driver(driver: &str) -> std::result::Result<Vec<Served>, String> {
         key_sizes,
         entry: Some(entry),
         offload,
+        watch,
     }])
 }
 
@@ -470,10 +484,15 @@ impl Lane for KernelLane {
         out.data.clear();
         out.tag = None;
         let mut scratch = std::mem::take(&mut self.aad_scratch);
-        let result = match self.context(job, served, keys) {
+        // Keying a transform is a device request too: look before it as well.
+        let result = match served
+            .watch
+            .check()
+            .and_then(|()| self.context(job, served, keys))
+        {
             Ok(ctx) => match served.ty {
-                AlgType::Skcipher => run_skcipher(ctx, job, out),
-                AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name),
+                AlgType::Skcipher => run_skcipher(ctx, job, out, &served.watch),
+                AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name, &served.watch),
             },
             Err(f) => Err(f),
         };
@@ -499,6 +518,20 @@ impl Lane for KernelLane {
                     state.release
                 )))
             }
+        }
+    }
+}
+
+impl Drop for KernelLane {
+    /// A poisoned engine's sockets are parked, never closed: see [`device::park`].
+    fn drop(&mut self) {
+        if self.state.poisoned.load(Ordering::Acquire) && !self.contexts.is_empty() {
+            let fds = self
+                .contexts
+                .drain()
+                .flat_map(|(_, c)| [c._tfm.into_fd(), c.op.into_fd()])
+                .collect();
+            device::park(fds);
         }
     }
 }
@@ -558,6 +591,7 @@ fn run_skcipher(
     ctx: &mut Context,
     job: &Job,
     out: &mut JobOutput,
+    watch: &DeviceWatch,
 ) -> std::result::Result<(), Failure> {
     let mode = job.cipher.mode;
     let op = match job.direction {
@@ -592,6 +626,7 @@ fn run_skcipher(
     let mut pos = 0;
     while pos < total {
         let n = step.min(total - pos);
+        watch.check()?;
         ctx.op
             .send(op, &iv, None, &input.slices(pos, n))
             .map_err(engine_failure)?;
@@ -630,6 +665,7 @@ fn run_aead(
     out: &mut JobOutput,
     aad_scratch: &mut Vec<u8>,
     engine: &str,
+    watch: &DeviceWatch,
 ) -> std::result::Result<(), Failure> {
     let too_large = |max: usize| {
         Failure::Job(Error::TooLarge {
@@ -680,6 +716,7 @@ fn run_aead(
             ],
         )
     };
+    watch.check()?;
     ctx.op
         .send(op, job.iv(), Some(aad_len), &input)
         .map_err(engine_failure)?;

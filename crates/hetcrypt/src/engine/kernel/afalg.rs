@@ -103,6 +103,11 @@ impl Tfm {
             .map_err(at("setsockopt(ALG_SET_AEAD_AUTHSIZE)"))
     }
 
+    /// Gives up the socket (to keep it open elsewhere).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Opens an operation socket on this (keyed) transform.
     pub fn accept(&self) -> Result<OpSocket, SysError> {
         let raw =
@@ -129,6 +134,11 @@ pub(crate) struct OpSocket {
 }
 
 impl OpSocket {
+    /// Gives up the socket (to keep it open elsewhere).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Sends one whole request (never `MSG_MORE`): operation, IV, AAD length (AEAD),
     /// and the input, gathered from `input`. The caller keeps the request within
     /// [`OpSocket::send_limit`], so this never waits for buffer space that only a

@@ -1,0 +1,143 @@
+//! Living with a crypto device that can vanish: notice it going, and never close its sockets.
+//!
+//! What the Debian 6.1 guest kernel does when the virtio-crypto device is hot-unplugged
+//! while AF_ALG transforms use it (seen in the testbed): the driver frees the device
+//! and its request engine though transforms still point at them. A request issued
+//! afterwards is a use-after-free (general protection fault, the thread dies holding a
+//! spinlock); closing a keyed transform sends a "close session" request to the freed
+//! device and sleeps uninterruptibly forever, at process exit too. Only a request that
+//! is in flight while the device stops comes back cleanly, with `ESHUTDOWN`.
+//!
+//! So the engine (1) looks, before every request, whether the device is still bound to
+//! its driver: the kernel removes the device's `driver` link in sysfs before it calls
+//! the driver's remove function, so a vanished link means "stop now"; and (2) once
+//! the engine has failed, hands its sockets to a child process that keeps them open and
+//! sleeps, so this process can still exit.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use super::Failure;
+
+/// Where sysfs lists, per module, the drivers it registers.
+const SYS_MODULE: &str = "/sys/module";
+/// Where sysfs keeps the device tree (`driver` links live under it).
+const SYS_DEVICES: &str = "/sys/devices";
+
+/// The sysfs `driver` links of the devices serving an offload driver (the device and
+/// its parents, e.g. `.../0000:00:02.0/virtio0/driver` and `.../0000:00:02.0/driver`).
+/// All must exist while the device can take requests.
+#[derive(Clone, Debug, Default)]
+pub(super) struct DeviceWatch {
+    links: Vec<PathBuf>,
+}
+
+impl DeviceWatch {
+    /// Watches every device bound to a driver of kernel module `module` (for
+    /// `virtio_crypto`: `/sys/module/virtio_crypto/drivers/virtio:virtio_crypto/virtio0`).
+    /// Empty if sysfs shows none (then nothing is checked).
+    pub fn for_module(module: &str) -> Self {
+        let mut links = Vec::new();
+        let drivers = Path::new(SYS_MODULE).join(module).join("drivers");
+        for driver in std::fs::read_dir(drivers).into_iter().flatten().flatten() {
+            for entry in std::fs::read_dir(driver.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                // Bound devices are symlinks; so is `module`, which is not a device.
+                let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+                if !is_link || entry.file_name() == "module" {
+                    continue;
+                }
+                let Ok(device) = std::fs::canonicalize(entry.path()) else {
+                    continue;
+                };
+                let mut cur = Some(device.as_path());
+                while let Some(dir) = cur.filter(|d| d.starts_with(SYS_DEVICES)) {
+                    let link = dir.join("driver");
+                    if std::fs::symlink_metadata(&link).is_ok() && !links.contains(&link) {
+                        links.push(link);
+                    }
+                    cur = dir.parent();
+                }
+            }
+        }
+        DeviceWatch { links }
+    }
+
+    /// `Ok` while every watched device is still bound; the engine's failure (and no
+    /// request) once one is going.
+    pub fn check(&self) -> Result<(), Failure> {
+        match self
+            .links
+            .iter()
+            .find(|l| std::fs::symlink_metadata(l).is_err())
+        {
+            None => Ok(()),
+            Some(gone) => Err(Failure::Engine(format!(
+                "device going away ({} vanished), no request issued",
+                gone.display()
+            ))),
+        }
+    }
+}
+
+/// Keeps `fds` open for good in a child process that does nothing but sleep, so that
+/// they are never closed (closing a transform of a vanished virtio-crypto device hangs
+/// the closing thread forever). Our copies are then closed: the sockets live on in the
+/// child. If no child can be made, our copies are leaked instead.
+pub(super) fn park(fds: Vec<OwnedFd>) {
+    if fds.is_empty() {
+        return;
+    }
+    let mut keep: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    keep.sort_unstable();
+    // SAFETY: fork in a threaded process is sound if the child makes only
+    // async-signal-safe calls until it execs or exits; this child makes only raw
+    // system calls (close_range/close, pause) and never returns to other code.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            close_all_but(&keep);
+            loop {
+                // SAFETY: pause only sleeps until a signal arrives.
+                unsafe { nix::libc::pause() };
+            }
+        }
+        Ok(nix::unistd::ForkResult::Parent { .. }) => drop(fds),
+        Err(_) => std::mem::forget(fds),
+    }
+}
+
+/// Closes every descriptor but those in `keep` (sorted). Runs in the forked child:
+/// raw system calls only.
+fn close_all_but(keep: &[RawFd]) {
+    /// Highest descriptor tried when `close_range` (Linux 5.9) is missing.
+    const FALLBACK_MAX_FD: RawFd = 1 << 16;
+    let close_range = |first: RawFd, last: RawFd| {
+        if first > last {
+            return;
+        }
+        // SAFETY: close_range only closes descriptors of this (child) process.
+        let r = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_close_range,
+                first as nix::libc::c_uint,
+                last as nix::libc::c_uint,
+                0 as nix::libc::c_uint,
+            )
+        };
+        if r != 0 {
+            for fd in first..=last.min(FALLBACK_MAX_FD) {
+                // SAFETY: closing a descriptor number of this process; errors ignored.
+                unsafe { nix::libc::close(fd) };
+            }
+        }
+    };
+    let mut next: RawFd = 0;
+    for &fd in keep {
+        close_range(next, fd - 1);
+        next = fd + 1;
+    }
+    close_range(next, RawFd::MAX);
+}
