@@ -24,16 +24,9 @@ use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 
 /// The seeds' file sizes (seed 000, section 5: 8 B to 16 KiB).
 const SEED_SIZES: &str = "8,16,64,256,1024,4096,8192,16384";
-/// The seeds' methods plus ours, in the order the tables show them.
-const SEED_POLICIES: [&str; 7] = [
-    "only:cpu",
-    "only:kernel",
-    "round-robin",
-    "polling",
-    "pull",
-    "threshold",
-    "adaptive",
-];
+/// The policies that combine engines, compared after each engine alone: the seeds'
+/// methods (round-robin, polling, pull) and the size-aware ones.
+const COMBINING_POLICIES: [&str; 5] = ["round-robin", "polling", "pull", "threshold", "adaptive"];
 /// Jobs of the untimed warm-up run of each policy: enough to open every lane and key
 /// its contexts, few enough to cost nothing.
 const WARMUP_JOBS: usize = 64;
@@ -60,7 +53,12 @@ seeds' OpenSSL EVP calls padded, so file sizes need not be multiples of 16 (a de
 file's input is its padded ciphertext).
 
 Policies whose engines this machine lacks (only:kernel without AF_ALG; any combining
-policy when only one engine is available) are skipped with the reason, never faked."
+policy when only one engine is available) are skipped with the reason, never faked.
+
+The seeds' setup in the QEMU testbed (one CPU lane and the virtio-crypto device; the
+generic `kernel` engine would pick the kernel's own AES-NI driver instead):
+  testbed/run --profile soft --out results -- hetcrypt bench -q \\
+    --engines cpu,kernel:virtio_crypto_aes_cbc --files 400 --reps 3 --out /out/soft"
 )]
 pub struct Args {
     /// Files (jobs) per size.
@@ -75,8 +73,8 @@ pub struct Args {
     /// Decrypt (real ciphertexts of the files) instead of encrypting.
     #[arg(long)]
     decrypt: bool,
-    /// Policies to compare (comma-separated) [default: only:cpu, only:kernel,
-    /// round-robin, polling, pull, threshold, adaptive].
+    /// Policies to compare (comma-separated) [default: only:<engine> for each engine,
+    /// then round-robin, polling, pull, threshold, adaptive].
     #[arg(long, visible_alias = "policy", value_name = "POLICIES", value_delimiter = ',', value_parser = parse_policy)]
     policies: Vec<String>,
     /// Timed runs per policy and size (the tables show the median).
@@ -272,7 +270,15 @@ fn choose_policies(
 ) -> anyhow::Result<(Vec<Named>, Vec<Skipped>)> {
     let defaulted = asked.is_empty();
     let names: Vec<String> = if defaulted {
-        SEED_POLICIES.iter().map(|s| s.to_string()).collect()
+        // Each engine alone (those this machine lacks too, to say why they are
+        // missing), then every combining policy.
+        let lacking = set.unavailable.iter().map(|u| &u.engine);
+        engines
+            .iter()
+            .chain(lacking)
+            .map(|e| format!("only:{e}"))
+            .chain(COMBINING_POLICIES.iter().map(|p| p.to_string()))
+            .collect()
     } else {
         asked.to_vec()
     };

@@ -132,8 +132,9 @@ pub fn markdown(report: &BenchReport, chart: Option<&str>) -> String {
     }
 
     md.push_str(&format!(
-        "\n## Table A: time per policy (ms; median, min-max of {} runs)\n\n",
-        report.reps
+        "\n## Table A: time per policy (ms; median, min-max of {} run{})\n\n",
+        report.reps,
+        plural(report.reps as usize)
     ));
     md.push_str(&time_table(report).markdown());
     md.push_str("\n## Table B: jobs done by each engine (the median run)\n\n");
