@@ -33,7 +33,7 @@ UNPLUG_MARKER = b"@@HETCRYPT:UNPLUG@@"
 DEVICE_ID = "crypto0"
 KERNEL_TROUBLE = re.compile(
     r"Kernel panic|BUG:|Oops|general protection fault|WARNING:|Call Trace|RIP:|"
-    r"segfault|Attempted to kill init|hung_task|soft lockup|rcu_.*stall"
+    r"segfault|Attempted to kill init|hung_task|blocked for more than|soft lockup|rcu_.*stall"
 )
 # Expected console lines, never worth showing: power-off, and the
 # virtio-crypto RSA self-test failure (QEMU's builtin backend has no raw RSA).
