@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::bail;
 use hetcrypt::cipher::BLOCK_LEN;
 use hetcrypt::policy::Pull;
-use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Mode};
+use hetcrypt::split;
+use hetcrypt::{Cipher, Direction, Dispatcher, JobOutput};
 use serde::Serialize;
 
 use super::Args;
@@ -47,17 +48,6 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         Direction::Encrypt
     };
-    match (cipher.mode, direction) {
-        (Mode::Ctr, _) | (Mode::Cbc, Direction::Decrypt) => {}
-        (Mode::Cbc, Direction::Encrypt) => bail!(
-            "--split needs CTR or CBC decryption: CBC encryption is one serial chain that \
-             cannot be cut into independent pieces"
-        ),
-        _ => bail!(
-            "--split takes aes-*-ctr, or aes-*-cbc with --decrypt ({cipher} cannot be cut into \
-             independent pieces)"
-        ),
-    }
     if !args.policies.is_empty() {
         bail!("--split runs one engine; give it with --engine, not --policy");
     }
@@ -85,6 +75,12 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
         vec![random_bytes(args.size)?],
     )?;
     let expected = &whole.expected[0];
+    if let Err(e) = split::check_splittable(&whole.jobs[0]) {
+        bail!(
+            "--split needs aes-*-ctr, or aes-*-cbc with --decrypt: {e} (seed 003 split CTR); \
+             a {cipher} {direction} job is run whole, many at a time, by `speed` without --split"
+        );
+    }
 
     let mut rows: Vec<SplitRow> = Vec::new();
     for lanes in 1..=max_lanes {
@@ -93,14 +89,14 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if dispatcher.add_key(key.clone())? != key_id {
             bail!("internal error: the key id differs between dispatchers");
         }
-        let pieces = split_job(&whole.jobs[0], lanes);
+        let pieces = split::split(&whole.jobs[0], lanes)?;
         // One untimed run opens the lanes.
         let warm = dispatcher.run(&pieces, &Pull)?;
-        check(&warm.outputs, expected, lanes)?;
+        check(warm.outputs, expected, lanes)?;
         let mut walls = Vec::with_capacity(args.reps as usize);
         for _ in 0..args.reps {
             let batch = dispatcher.run(&pieces, &Pull)?;
-            check(&batch.outputs, expected, lanes)?;
+            check(batch.outputs, expected, lanes)?;
             walls.push(batch.report.wall);
         }
         if let Some((engine, reason)) = dispatcher.failed_engines().into_iter().next() {
@@ -188,104 +184,15 @@ fn median(sorted: &[Duration]) -> Duration {
     }
 }
 
-/// Checks that the pieces' outputs, concatenated, are the whole job's output.
+/// Checks that the pieces' outputs, joined, are the whole job's output.
 fn check(
-    outputs: &[hetcrypt::Result<JobOutput>],
+    outputs: Vec<hetcrypt::Result<JobOutput>>,
     expected: &JobOutput,
     lanes: usize,
 ) -> anyhow::Result<()> {
-    let mut joined = Vec::with_capacity(expected.data.len());
-    for (i, out) in outputs.iter().enumerate() {
-        match out {
-            Ok(o) => joined.extend_from_slice(&o.data),
-            Err(e) => bail!("piece {i} of the split run on {lanes} lane(s) failed: {e}"),
-        }
-    }
-    if joined != expected.data {
-        bail!("the split run on {lanes} lane(s) differs from the cpu reference");
-    }
-    Ok(())
-}
-
-/// Cuts `job` into at most `pieces` jobs over consecutive whole-block ranges whose
-/// outputs, concatenated, equal the whole job's output: for CTR each piece's counter
-/// block is the first one's plus its block offset (128-bit big-endian, as the cipher
-/// increments it); for CBC decryption each piece's IV is the ciphertext block before it.
-///
-/// Written here because it is a few lines of block arithmetic over `Job`; it moves to
-/// the library if a second user appears.
-fn split_job(job: &Job, pieces: usize) -> Vec<Job> {
-    let blocks = job.len().div_ceil(BLOCK_LEN);
-    let per_piece = blocks.div_ceil(pieces.max(1)).max(1) * BLOCK_LEN;
-    let mut out = Vec::with_capacity(pieces);
-    let mut start = 0;
-    while start < job.len() {
-        let end = (start + per_piece).min(job.len());
-        let mut iv = [0u8; BLOCK_LEN];
-        iv.copy_from_slice(job.iv());
-        if start > 0 {
-            iv = match job.cipher.mode {
-                Mode::Ctr => {
-                    let offset = (start / BLOCK_LEN) as u128;
-                    u128::from_be_bytes(iv).wrapping_add(offset).to_be_bytes()
-                }
-                _ => {
-                    let mut prev = [0u8; BLOCK_LEN];
-                    prev.copy_from_slice(&job.input[start - BLOCK_LEN..start]);
-                    prev
-                }
-            };
-        }
-        out.push(Job::new(
-            job.cipher,
-            job.direction,
-            job.key,
-            iv,
-            job.input[start..end].to_vec(),
-        ));
-        start = end;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use hetcrypt::engine::cpu::CpuEngine;
-    use hetcrypt::Key;
-
-    /// Splitting must not change the result: CTR with a counter about to carry into
-    /// the high 64 bits, and CBC decryption, each against the unsplit job.
-    #[test]
-    fn pieces_concatenate_to_the_whole_output() {
-        let d = Dispatcher::new(vec![CpuEngine::with_lanes(2).into_engine()]).unwrap();
-        let key = d.add_key(Key::new(vec![9; 16])).unwrap();
-        let input: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        let mut carry_iv = [0u8; 16];
-        carry_iv[8..].copy_from_slice(&[0xff; 8]);
-        for (cipher, direction, iv, input) in [
-            (
-                Cipher::AES_128_CTR,
-                Direction::Encrypt,
-                carry_iv,
-                input.clone(),
-            ),
-            (
-                Cipher::AES_128_CBC,
-                Direction::Decrypt,
-                [3u8; 16],
-                input[..992].to_vec(),
-            ),
-        ] {
-            let whole = Job::new(cipher, direction, key, iv, input);
-            let reference = d.run(std::slice::from_ref(&whole), &Pull).unwrap();
-            let expected = reference.outputs[0].as_ref().unwrap();
-            for n in [1, 2, 3, 7, 100] {
-                let pieces = split_job(&whole, n);
-                assert!(pieces.len() <= n);
-                let got = d.run(&pieces, &Pull).unwrap();
-                check(&got.outputs, expected, n).unwrap();
-            }
-        }
+    match split::join(outputs) {
+        Ok(joined) if joined.data == expected.data => Ok(()),
+        Ok(_) => bail!("the split run on {lanes} lane(s) differs from the cpu reference"),
+        Err(e) => bail!("the split run on {lanes} lane(s) failed: {e}"),
     }
 }
