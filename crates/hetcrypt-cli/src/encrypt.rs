@@ -11,8 +11,10 @@ mod io;
 mod plan;
 mod summary;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -122,12 +124,11 @@ impl FileStream for DecryptStream<Input, Output> {
     }
 }
 
-/// Commits finished outputs, discards failed ones, counts, and moves the bar.
+/// Hands finished outputs to the committer, records failed ones (whose temporary
+/// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    names: Vec<String>,
-    force: bool,
-    ok: usize,
-    bytes: u64,
+    names: &'a [String],
+    commits: mpsc::SyncSender<(usize, Output, u64)>,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
 }
@@ -135,17 +136,19 @@ struct Tally<'a> {
 impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     fn done(&mut self, item: Item<S>, result: hetcrypt_format::Result<()>) {
         let (output, bytes) = item.stream.into_output();
-        let result = result.and_then(|()| output_commit(output, self.force));
         match result {
             Ok(()) => {
-                self.ok += 1;
-                self.bytes += bytes;
+                if self.commits.send((item.index, output, bytes)).is_err() {
+                    // The committer is gone only if it panicked; joining reports it.
+                    self.failed.push(Note {
+                        path: self.names[item.index].clone(),
+                        reason: "internal error: the committer stopped".into(),
+                    });
+                }
             }
-            // Dropping the output removed its temporary file.
             Err(e) => {
                 let reason = human_error(&e);
-                self.bar
-                    .suspend(|| eprintln!("hetcrypt: {}: {reason}", self.names[item.index]));
+                report_failure(self.bar, &self.names[item.index], &reason);
                 self.failed.push(Note {
                     path: self.names[item.index].clone(),
                     reason,
@@ -159,8 +162,64 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     }
 }
 
-fn output_commit(output: Output, force: bool) -> hetcrypt_format::Result<()> {
-    output.commit(force).map_err(FormatError::Io)
+fn report_failure(bar: &ProgressBar, path: &str, reason: &str) {
+    bar.suspend(|| eprintln!("hetcrypt: {path}: {reason}"));
+}
+
+/// What the committer did.
+#[derive(Default)]
+struct Committed {
+    ok: usize,
+    bytes: u64,
+    failed: Vec<Note>,
+}
+
+/// Finished outputs waiting for their fsync and rename. The committer thread mostly
+/// waits on the disk, so with it the fsyncs overlap the reading and the crypto; 16
+/// outputs of at most 64 KiB of buffer each keep the queue's memory small.
+const COMMIT_QUEUE: usize = 16;
+
+/// The committer: syncs and renames each finished output into place, then syncs
+/// every directory it renamed into, once.
+fn committer(
+    queue: mpsc::Receiver<(usize, Output, u64)>,
+    names: &[String],
+    force: bool,
+    bar: &ProgressBar,
+) -> Committed {
+    let mut done = Committed::default();
+    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    for (index, output, bytes) in queue {
+        match output.commit(force) {
+            Ok(dir) => {
+                done.ok += 1;
+                done.bytes += bytes;
+                dirs.extend(dir);
+            }
+            Err(e) => {
+                let reason = human_error(&FormatError::Io(e));
+                report_failure(bar, &names[index], &reason);
+                done.failed.push(Note {
+                    path: names[index].clone(),
+                    reason,
+                });
+            }
+        }
+    }
+    for dir in dirs {
+        if let Err(e) = io::sync_dir(&dir) {
+            report_failure(
+                bar,
+                &plan::show(&dir),
+                &format!("cannot sync the directory: {e}"),
+            );
+            done.failed.push(Note {
+                path: plan::show(&dir),
+                reason: format!("cannot sync the directory: {e}"),
+            });
+        }
+    }
+    done
 }
 
 /// One sentence for a failed file.
@@ -263,14 +322,6 @@ fn run<S: FileStream>(
             plan::Source::File(p) => plan::show(p),
         })
         .collect();
-    let mut tally = Tally {
-        names,
-        force: args.force,
-        ok: 0,
-        bytes: 0,
-        failed: plan.failed.clone(),
-        bar: &bar,
-    };
     for n in &plan.failed {
         eprintln!("hetcrypt: {}: {}", n.path, n.reason);
     }
@@ -283,9 +334,28 @@ fn run<S: FileStream>(
         index,
     });
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
-    let run_result = pipeline.run(items, &mut tally);
+    let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
+    let (run_result, failed, committed) = std::thread::scope(|scope| {
+        let committer = scope.spawn(|| committer(queue, &names, args.force, &bar));
+        let mut tally = Tally {
+            names: &names,
+            commits,
+            failed: Vec::new(),
+            bar: &bar,
+        };
+        let run_result = pipeline.run(items, &mut tally);
+        let Tally {
+            failed, commits, ..
+        } = tally;
+        drop(commits); // ends the committer's queue
+        let committed = committer.join().expect("the committer does not panic");
+        (run_result, failed, committed)
+    });
     bar.finish_and_clear();
     run_result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut all_failed = plan.failed.clone();
+    all_failed.extend(failed);
+    all_failed.extend(committed.failed);
 
     let seconds = start.elapsed().as_secs_f64();
     let summary = Summary {
@@ -298,18 +368,18 @@ fn run<S: FileStream>(
         policy: policy.name(),
         engines: engine_names,
         engines_unavailable: unavailable,
-        files_ok: tally.ok,
-        files_failed: tally.failed.len(),
+        files_ok: committed.ok,
+        files_failed: all_failed.len(),
         files_skipped: plan.skipped.len(),
-        bytes: tally.bytes,
+        bytes: committed.bytes,
         seconds,
         bytes_per_second: if seconds > 0.0 {
-            tally.bytes as f64 / seconds
+            committed.bytes as f64 / seconds
         } else {
             0.0
         },
         dispatch: pipeline.stats().clone(),
-        failed: tally.failed,
+        failed: all_failed,
         skipped: plan.skipped,
     };
     if args.json {

@@ -11,8 +11,9 @@ use tempfile::NamedTempFile;
 
 use super::plan::{Dest, Source};
 
-/// Output buffer: a few chunks, so writes reach the kernel in large pieces.
-const WRITE_BUFFER: usize = 256 * 1024;
+/// Output buffer: four chunks, so writes reach the kernel in large pieces while the
+/// outputs waiting in the commit queue stay small.
+const WRITE_BUFFER: usize = 64 * 1024;
 
 /// An input, opened at its first read (so only the files in flight hold a
 /// descriptor).
@@ -104,8 +105,10 @@ impl Output {
 
     /// Makes the output final: syncs and renames the temporary file onto the
     /// destination (refusing to replace an existing file unless `force`), or emits
-    /// the held-back stdout output.
-    pub fn commit(mut self, force: bool) -> io::Result<()> {
+    /// the held-back stdout output. Returns the directory whose entry changed: the
+    /// rename is durable once the caller has synced it (once per directory, at the
+    /// end of the run, rather than once per file).
+    pub fn commit(mut self, force: bool) -> io::Result<Option<PathBuf>> {
         if matches!(self.sink, Sink::Pending) {
             self.open()?;
         }
@@ -135,17 +138,17 @@ impl Output {
                         e.error
                     }
                 })?;
-                // The rename is durable once the directory is synced.
-                File::open(parent(path))?.sync_all()
+                Ok(Some(parent(path)))
             }
             (Sink::Temp(w), Dest::Stdout) => {
                 let mut tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
                 tmp.rewind()?;
                 let mut out = io::stdout().lock();
                 io::copy(&mut tmp, &mut out)?;
-                out.flush()
+                out.flush()?;
+                Ok(None)
             }
-            (Sink::Stdout(mut w), _) => w.flush(),
+            (Sink::Stdout(mut w), _) => w.flush().map(|()| None),
             (Sink::Pending, _) => unreachable!("opened above"),
         }
     }
@@ -170,6 +173,11 @@ impl Write for Output {
             Sink::Pending => Ok(()),
         }
     }
+}
+
+/// Syncs a directory, making the renames into it durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// The directory a path lies in (`.` for a bare name).
