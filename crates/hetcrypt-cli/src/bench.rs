@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::output::StagedDir;
 use crate::workload::{
     human_size, parse_cipher, parse_count, parse_policy, parse_size, random_bytes, random_key,
-    EngineSet, Machine, Workload,
+    EngineOpts, EngineSet, Machine, Workload,
 };
 use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 
@@ -57,8 +57,10 @@ policy when only one engine is available) are skipped with the reason, never fak
 
 The seeds' setup in the QEMU testbed (one CPU lane and the virtio-crypto device; the
 generic `kernel` engine would pick the kernel's own AES-NI driver instead):
-  testbed/run --profile soft --out results -- hetcrypt bench -q \\
-    --engines cpu,kernel:virtio_crypto_aes_cbc --files 400 --reps 3 --out /out/soft"
+  testbed/run --profile soft --out results -- hetcrypt bench -q --cpu-chains 1 \\
+    --engines cpu,kernel:virtio_crypto_aes_cbc --files 400 --reps 3 --out /out/soft
+The soft profile masks AES-NI for OpenSSL only; --cpu-chains 1 keeps every cpu job in
+OpenSSL (the multi-buffer path's aes crate would still find AES-NI)."
 )]
 pub struct Args {
     /// Files (jobs) per size.
@@ -91,6 +93,10 @@ pub struct Args {
     /// Lanes per engine [default: each engine's own, e.g. one per core for cpu].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     lanes: Option<u16>,
+    /// CBC messages a cpu lane encrypts in lockstep (multi-buffer); 1 sends every job
+    /// through OpenSSL EVP alone, as `openssl speed` does [default: the engine's].
+    #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=16))]
+    cpu_chains: Option<u16>,
     /// Read the files from this directory instead of generating them; files of equal
     /// length form one size.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["sizes", "files"])]
@@ -122,7 +128,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Direction::Encrypt
     };
-    let set = EngineSet::named_or_all(&args.engines, args.lanes.map(usize::from))?;
+    let opts = EngineOpts {
+        lanes: args.lanes.map(usize::from),
+        cpu_chains: args.cpu_chains.map(usize::from),
+    };
+    let set = EngineSet::named_or_all(&args.engines, opts)?;
     if set.ready.is_empty() {
         bail!("no engine is available on this machine");
     }

@@ -7,7 +7,7 @@ use hetcrypt::engine::{CipherDriver, EngineInfo};
 use serde::Serialize;
 
 use crate::output::Grid;
-use crate::workload::{EngineSet, Machine, Unavailable};
+use crate::workload::{EngineOpts, EngineSet, Machine, Unavailable};
 
 /// Arguments of `hetcrypt engines`.
 #[derive(clap::Args, Debug)]
@@ -29,7 +29,7 @@ struct Listing {
 
 /// Runs `hetcrypt engines`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let set = EngineSet::discover(None)?;
+    let set = EngineSet::discover(EngineOpts::default())?;
     let listing = Listing {
         machine: Machine::now(),
         engines: set.infos(),

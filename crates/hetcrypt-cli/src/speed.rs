@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::workload::{
     parse_cipher, parse_count, parse_policy, parse_size, plural, random_bytes, random_key,
-    EngineSet, Machine, Workload,
+    EngineOpts, EngineSet, Machine, Workload,
 };
 
 /// `openssl speed`'s default block sizes (OpenSSL 3.0 `speed.c`, `lengths_list`).
@@ -72,6 +72,10 @@ pub struct Args {
     /// --split, the most lanes to try, default every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     lanes: Option<u16>,
+    /// CBC messages a cpu lane encrypts in lockstep (multi-buffer); 1 sends every job
+    /// through OpenSSL EVP alone, as `openssl speed` does [default: the engine's].
+    #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=16))]
+    cpu_chains: Option<u16>,
     /// Split one large buffer over 1, 2, ... lanes (seed 003) instead of the table.
     #[arg(long)]
     split: bool,
@@ -151,10 +155,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Direction::Encrypt
     };
-    let lanes = Some(usize::from(args.lanes.unwrap_or(1)));
+    let opts = EngineOpts {
+        lanes: Some(usize::from(args.lanes.unwrap_or(1))),
+        cpu_chains: args.cpu_chains.map(usize::from),
+    };
     let key = random_key(cipher)?;
 
-    let set = EngineSet::named_or_all(&args.engines, lanes)?;
+    let set = EngineSet::named_or_all(&args.engines, opts)?;
     let mut targets = Vec::new();
     if args.policies.is_empty() {
         for engine in &set.ready {

@@ -76,6 +76,22 @@ impl Unavailable {
     }
 }
 
+/// How to open engines: lane counts and the `cpu` engine's multi-buffer width.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineOpts {
+    /// Lanes per engine (else each engine's default).
+    pub lanes: Option<usize>,
+    /// CBC messages a `cpu` lane encrypts in lockstep (1: every job through OpenSSL
+    /// EVP alone); else the engine's default.
+    pub cpu_chains: Option<usize>,
+}
+
+impl EngineOpts {
+    fn is_default(self) -> bool {
+        self.lanes.is_none() && self.cpu_chains.is_none()
+    }
+}
+
 /// The engines a run uses, and those this machine lacks.
 pub struct EngineSet {
     /// Engines ready to run jobs.
@@ -85,17 +101,16 @@ pub struct EngineSet {
 }
 
 impl EngineSet {
-    /// Every engine this machine has (`engine::discover`), each with `lanes` lanes
-    /// if given (else its own default).
-    pub fn discover(lanes: Option<usize>) -> anyhow::Result<Self> {
+    /// Every engine this machine has (`engine::discover`), opened with `opts`.
+    pub fn discover(opts: EngineOpts) -> anyhow::Result<Self> {
         let mut set = EngineSet {
             ready: Vec::new(),
             unavailable: Vec::new(),
         };
         for found in engine::discover() {
             match found {
-                Ok(e) if lanes.is_none() => set.ready.push(e),
-                Ok(e) => set.ready.push(open_engine(e.name(), lanes)?),
+                Ok(e) if opts.is_default() => set.ready.push(e),
+                Ok(e) => set.ready.push(open_engine(e.name(), opts)?),
                 Err(e) => set.unavailable.push(Unavailable::from_error("?", e)),
             }
         }
@@ -103,10 +118,10 @@ impl EngineSet {
     }
 
     /// Exactly the engines named; one that is unknown or unavailable is an error.
-    pub fn named(names: &[String], lanes: Option<usize>) -> anyhow::Result<Self> {
+    pub fn named(names: &[String], opts: EngineOpts) -> anyhow::Result<Self> {
         let mut ready = Vec::new();
         for name in names {
-            ready.push(open_engine(name, lanes)?);
+            ready.push(open_engine(name, opts)?);
         }
         Ok(EngineSet {
             ready,
@@ -115,11 +130,11 @@ impl EngineSet {
     }
 
     /// The named engines, or every engine this machine has when `names` is empty.
-    pub fn named_or_all(names: &[String], lanes: Option<usize>) -> anyhow::Result<Self> {
+    pub fn named_or_all(names: &[String], opts: EngineOpts) -> anyhow::Result<Self> {
         if names.is_empty() {
-            Self::discover(lanes)
+            Self::discover(opts)
         } else {
-            Self::named(names, lanes)
+            Self::named(names, opts)
         }
     }
 
@@ -147,8 +162,16 @@ pub fn plural(n: usize) -> &'static str {
 }
 
 /// Opens one engine by its CLI name, turning library errors into one sentence.
-pub fn open_engine(name: &str, lanes: Option<usize>) -> anyhow::Result<EngineRef> {
-    match engine::by_name(name, lanes) {
+pub fn open_engine(name: &str, opts: EngineOpts) -> anyhow::Result<EngineRef> {
+    if let (Some(chains), "cpu") = (opts.cpu_chains, name) {
+        let lanes = opts
+            .lanes
+            .unwrap_or_else(hetcrypt::engine::cpu::available_cores);
+        return Ok(CpuEngine::with_lanes(lanes)
+            .multibuffer(chains)
+            .into_engine());
+    }
+    match engine::by_name(name, opts.lanes) {
         Ok(e) => Ok(e),
         Err(Error::UnknownName { .. }) => {
             bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>)")

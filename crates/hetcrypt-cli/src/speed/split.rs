@@ -13,7 +13,9 @@ use serde::Serialize;
 
 use super::Args;
 use crate::output::Grid;
-use crate::workload::{human_size, open_engine, random_bytes, random_key, Machine, Workload};
+use crate::workload::{
+    human_size, open_engine, random_bytes, random_key, EngineOpts, Machine, Workload,
+};
 
 /// One lane count's result.
 #[derive(Debug, Serialize)]
@@ -84,7 +86,13 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
     let mut rows: Vec<SplitRow> = Vec::new();
     for lanes in 1..=max_lanes {
-        let engine = open_engine(&engine_name, Some(lanes))?;
+        let engine = open_engine(
+            &engine_name,
+            EngineOpts {
+                lanes: Some(lanes),
+                cpu_chains: args.cpu_chains.map(usize::from),
+            },
+        )?;
         let dispatcher = Dispatcher::new(vec![engine])?;
         if dispatcher.add_key(key.clone())? != key_id {
             bail!("internal error: the key id differs between dispatchers");
