@@ -50,11 +50,11 @@ const ALGORITHMS: [(&str, AlgType, &[Mode]); 3] = [
 /// hardware.
 const DEFAULT_LANES: usize = 1;
 
-/// Most bytes of one skcipher request: 16 pages (the kernel's `ALG_MAX_PAGES`, the
-/// most one AF_ALG scatterlist entry maps) of 4 KiB, the unit libkcapi streams in.
-/// Well under the default socket buffers (`net.core.wmem_default`, 208 KiB), so a
-/// request never waits for space; larger jobs are cut into such requests, each with
-/// the IV/counter the previous one ends with.
+/// Most bytes of one skcipher request: 16 pages (the kernel's `ALG_MAX_PAGES`, the most
+/// AF_ALG pins for one scatterlist entry of the output) of 4 KiB. Well under the
+/// default socket buffers (`net.core.wmem_default`, 208 KiB), so a request never waits
+/// for buffer space that only its own `read` could free; larger jobs are cut into such
+/// requests, each given the IV/counter the previous one ends with.
 const SKCIPHER_REQUEST_MAX: usize = 16 * 4096;
 
 /// Keyed transforms a lane keeps (one per key and algorithm, two sockets each).
