@@ -71,6 +71,27 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|e| format!("unknown ({})", e.desc()))
 }
 
+/// The AES drivers in `/proc/crypto` that run on a separate device (offload hardware
+/// such as `virtio_crypto_aes_cbc`), each the name of a `kernel:<driver>` engine.
+/// Empty where the file cannot be read (no such kernel support, or not Linux).
+pub fn offload_drivers() -> Vec<String> {
+    let Ok(entries) = proc_crypto::read(std::path::Path::new(proc_crypto::PROC_CRYPTO)) else {
+        return Vec::new();
+    };
+    let mut drivers: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            ["cbc(aes)", "ctr(aes)", "gcm(aes)"].contains(&e.name.as_str())
+                && !e.internal
+                && e.is_offload(&entries)
+        })
+        .map(|e| e.driver.clone())
+        .collect();
+    drivers.sort();
+    drivers.dedup();
+    drivers
+}
+
 /// One kernel algorithm as this engine serves it.
 #[derive(Clone, Debug)]
 struct Served {

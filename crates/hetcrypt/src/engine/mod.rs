@@ -128,12 +128,17 @@ fn unknown_engine(name: &str) -> crate::Error {
 }
 
 /// Every engine this machine could have, each either ready or with the reason it is
-/// unavailable (e.g. "kernel: AF_ALG not supported by this kernel").
+/// unavailable (e.g. "kernel: AF_ALG not supported by this kernel"): `cpu`, `kernel`
+/// (the kernel's preferred driver per cipher) and one `kernel:<driver>` per offload
+/// device driver listed in `/proc/crypto`.
 pub fn discover() -> Vec<Result<EngineRef>> {
-    ["cpu", "kernel"]
-        .iter()
-        .map(|name| by_name(name, None))
-        .collect()
+    let mut names = vec!["cpu".to_string(), "kernel".to_string()];
+    names.extend(
+        kernel::offload_drivers()
+            .into_iter()
+            .map(|d| format!("kernel:{d}")),
+    );
+    names.iter().map(|name| by_name(name, None)).collect()
 }
 
 /// One worker of an engine. A lane may cache per-key state (expanded keys, cipher
