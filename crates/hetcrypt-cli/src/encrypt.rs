@@ -12,6 +12,7 @@ mod plan;
 mod summary;
 
 use std::collections::BTreeSet;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -80,10 +81,10 @@ pub struct DecryptArgs {
     common: Common,
 }
 
-/// A message in flight, with the index of its plan entry.
+/// A message in flight, with its input's name for messages.
 struct Item<S> {
     stream: S,
-    index: usize,
+    name: String,
 }
 
 impl<S: Stream> Stream for Item<S> {
@@ -127,8 +128,7 @@ impl FileStream for DecryptStream<Input, Output> {
 /// Hands finished outputs to the committer, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    names: &'a [String],
-    commits: mpsc::SyncSender<(usize, Output, u64)>,
+    commits: mpsc::SyncSender<(String, Output, u64)>,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
 }
@@ -138,19 +138,21 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
         let (output, bytes) = item.stream.into_output();
         match result {
             Ok(()) => {
-                if self.commits.send((item.index, output, bytes)).is_err() {
+                if let Err(mpsc::SendError((name, ..))) =
+                    self.commits.send((item.name, output, bytes))
+                {
                     // The committer is gone only if it panicked; joining reports it.
                     self.failed.push(Note {
-                        path: self.names[item.index].clone(),
+                        path: name,
                         reason: "internal error: the committer stopped".into(),
                     });
                 }
             }
             Err(e) => {
                 let reason = human_error(&e);
-                report_failure(self.bar, &self.names[item.index], &reason);
+                report_failure(self.bar, &item.name, &reason);
                 self.failed.push(Note {
-                    path: self.names[item.index].clone(),
+                    path: item.name,
                     reason,
                 });
             }
@@ -182,14 +184,13 @@ const COMMIT_QUEUE: usize = 16;
 /// The committer: syncs and renames each finished output into place, then syncs
 /// every directory it renamed into, once.
 fn committer(
-    queue: mpsc::Receiver<(usize, Output, u64)>,
-    names: &[String],
+    queue: mpsc::Receiver<(String, Output, u64)>,
     force: bool,
     bar: &ProgressBar,
 ) -> Committed {
     let mut done = Committed::default();
     let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
-    for (index, output, bytes) in queue {
+    for (name, output, bytes) in queue {
         match output.commit(force) {
             Ok(dir) => {
                 done.ok += 1;
@@ -198,11 +199,8 @@ fn committer(
             }
             Err(e) => {
                 let reason = human_error(&FormatError::Io(e));
-                report_failure(bar, &names[index], &reason);
-                done.failed.push(Note {
-                    path: names[index].clone(),
-                    reason,
-                });
+                report_failure(bar, &name, &reason);
+                done.failed.push(Note { path: name, reason });
             }
         }
     }
@@ -311,38 +309,44 @@ fn run<S: FileStream>(
     let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
     let stdout_busy = plan.writes_stdout();
-    let total: Option<u64> = plan.work.iter().map(|w| w.size).sum();
-    let bar = summary::progress(total, args.quiet || args.json);
+    let hide_bar = args.quiet || args.json || !std::io::stderr().is_terminal();
+    let bar = summary::progress(if hide_bar { None } else { plan.total_size() }, hide_bar);
 
-    let names: Vec<String> = plan
-        .work
-        .iter()
-        .map(|w| match &w.source {
-            plan::Source::Stdin => "(standard input)".to_string(),
-            plan::Source::File(p) => plan::show(p),
-        })
-        .collect();
-    for n in &plan.failed {
-        eprintln!("hetcrypt: {}: {}", n.path, n.reason);
-    }
+    // The plan is walked as the pipeline asks for files; failures found while
+    // walking (and skipped inputs) are kept here.
+    let mut plan_failed: Vec<Note> = Vec::new();
+    let mut skipped: Vec<Note> = Vec::new();
     let hold_stdout = way == Way::Decrypt;
-    let items = plan.work.iter().enumerate().map(|(index, w)| Item {
-        stream: make(
-            Input::new(&w.source),
-            Output::new(w.dest.clone(), hold_stdout, w.mode),
-        ),
-        index,
-    });
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
     let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
-        let committer = scope.spawn(|| committer(queue, &names, args.force, &bar));
+        let committer = scope.spawn(|| committer(queue, args.force, &bar));
         let mut tally = Tally {
-            names: &names,
             commits,
             failed: Vec::new(),
             bar: &bar,
         };
+        let mut plan = plan;
+        let items = std::iter::from_fn(|| loop {
+            match plan.next()? {
+                plan::Entry::Work(w) => {
+                    let name = match &w.source {
+                        plan::Source::Stdin => "(standard input)".to_string(),
+                        plan::Source::File(p) => plan::show(p),
+                    };
+                    let output = Output::new(w.dest, hold_stdout, w.mode);
+                    return Some(Item {
+                        stream: make(Input::new(&w.source), output),
+                        name,
+                    });
+                }
+                plan::Entry::Skipped(note) => skipped.push(note),
+                plan::Entry::Failed(note) => {
+                    report_failure(&bar, &note.path, &note.reason);
+                    plan_failed.push(note);
+                }
+            }
+        });
         let run_result = pipeline.run(items, &mut tally);
         let Tally {
             failed, commits, ..
@@ -353,7 +357,7 @@ fn run<S: FileStream>(
     });
     bar.finish_and_clear();
     run_result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut all_failed = plan.failed.clone();
+    let mut all_failed = plan_failed;
     all_failed.extend(failed);
     all_failed.extend(committed.failed);
 
@@ -370,7 +374,7 @@ fn run<S: FileStream>(
         engines_unavailable: unavailable,
         files_ok: committed.ok,
         files_failed: all_failed.len(),
-        files_skipped: plan.skipped.len(),
+        files_skipped: skipped.len(),
         bytes: committed.bytes,
         seconds,
         bytes_per_second: if seconds > 0.0 {
@@ -380,7 +384,7 @@ fn run<S: FileStream>(
         },
         dispatch: pipeline.stats().clone(),
         failed: all_failed,
-        skipped: plan.skipped,
+        skipped,
     };
     if args.json {
         let json = serde_json::to_string_pretty(&summary).context("cannot render the summary")?;

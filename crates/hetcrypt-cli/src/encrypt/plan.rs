@@ -12,7 +12,7 @@
 //! Symbolic links and special files inside trees are skipped (listed, not followed);
 //! when decrypting a tree, files without the `.hc` suffix are skipped.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
@@ -70,22 +70,208 @@ pub struct Note {
     pub reason: String,
 }
 
-/// Everything a run will do, and what it already knows it cannot.
-#[derive(Debug, Default)]
-pub struct Plan {
-    /// Messages to process, in order.
-    pub work: Vec<Work>,
-    /// Inputs skipped on purpose (links, special files, unsuffixed files).
-    pub skipped: Vec<Note>,
-    /// Inputs that failed before any crypto (missing, unreadable directory, output
+/// One step of a plan.
+#[derive(Debug)]
+pub enum Entry {
+    /// A message to process.
+    Work(Work),
+    /// An input skipped on purpose (link, special file, unsuffixed file).
+    Skipped(Note),
+    /// An input that failed before any crypto (missing, unreadable directory, output
     /// exists).
-    pub failed: Vec<Note>,
+    Failed(Note),
+}
+
+/// What an input argument stands for.
+enum Root {
+    /// Already decided (a single file, stdin, or a failure).
+    Ready(Entry),
+    /// A directory to walk, mirrored under `out`.
+    Tree { dir: PathBuf, out: PathBuf },
+}
+
+/// A directory walk in progress.
+type Walk = Box<dyn Iterator<Item = walkdir::Result<walkdir::DirEntry>>>;
+
+/// Everything a run will do, produced lazily: trees are walked as the pipeline asks for
+/// the next file, so memory does not grow with the number of files.
+pub struct Plan {
+    way: Way,
+    force: bool,
+    roots: VecDeque<Root>,
+    walk: Option<(Walk, PathBuf, PathBuf)>,
+    stdout: bool,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("way", &self.way)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Plan {
     /// Whether some message goes to stdout.
     pub fn writes_stdout(&self) -> bool {
-        self.work.iter().any(|w| w.dest == Dest::Stdout)
+        self.stdout
+    }
+
+    /// The total input size, walking the trees once more (for the progress bar);
+    /// `None` when standard input is read.
+    pub fn total_size(&self) -> Option<u64> {
+        let mut total = 0u64;
+        for root in &self.roots {
+            match root {
+                Root::Ready(Entry::Work(w)) => total += w.size?,
+                Root::Ready(_) => {}
+                Root::Tree { dir, .. } => {
+                    for e in walkdir::WalkDir::new(dir)
+                        .follow_links(false)
+                        .into_iter()
+                        .flatten()
+                    {
+                        if e.file_type().is_file() {
+                            total += e.metadata().map_or(0, |m| m.len());
+                        }
+                    }
+                }
+            }
+        }
+        Some(total)
+    }
+
+    fn note(path: &Path, reason: impl Into<String>) -> Note {
+        Note {
+            path: show(path),
+            reason: reason.into(),
+        }
+    }
+
+    /// The entry for a regular file going to `dest`, unless the destination is taken.
+    fn file(&self, path: &Path, meta: &std::fs::Metadata, dest: Dest) -> Entry {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if let Dest::File(d) = &dest {
+            if let Ok(dm) = d.symlink_metadata() {
+                if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
+                    return Entry::Failed(Self::note(
+                        path,
+                        "the output would replace the input itself",
+                    ));
+                }
+                if !self.force {
+                    return Entry::Failed(Self::note(
+                        path,
+                        format!("{} already exists (use --force to overwrite)", show(d)),
+                    ));
+                }
+                if dm.is_dir() {
+                    return Entry::Failed(Self::note(path, format!("{} is a directory", show(d))));
+                }
+            }
+        }
+        Entry::Work(Work {
+            source: Source::File(path.to_path_buf()),
+            dest,
+            size: Some(meta.len()),
+            mode: Some(meta.permissions().mode() & 0o7777),
+        })
+    }
+
+    /// Starts walking `dir`, never descending into the output tree `out` when it lies
+    /// inside the input.
+    fn start_walk(dir: &Path, out: &Path) -> Walk {
+        let out_abs = std::fs::canonicalize(out).ok();
+        Box::new(
+            walkdir::WalkDir::new(dir)
+                .follow_links(false)
+                .sort_by_file_name()
+                .into_iter()
+                .filter_entry(move |e| {
+                    out_abs.is_none()
+                        || !e.file_type().is_dir()
+                        || std::fs::canonicalize(e.path()).ok() != out_abs
+                }),
+        )
+    }
+
+    /// The entry for one item of a walk of `dir` mirrored under `out`; `None` for
+    /// directories.
+    fn walked(
+        &self,
+        item: walkdir::Result<walkdir::DirEntry>,
+        dir: &Path,
+        out: &Path,
+    ) -> Option<Entry> {
+        let entry = match item {
+            Ok(e) => e,
+            Err(e) => {
+                let path = e.path().unwrap_or(dir).to_path_buf();
+                let reason = match e.io_error() {
+                    Some(io) => io.to_string(),
+                    None => e.to_string(),
+                };
+                return Some(Entry::Failed(Self::note(&path, reason)));
+            }
+        };
+        let path = entry.path();
+        let ft = entry.file_type();
+        if ft.is_dir() {
+            return None;
+        }
+        if ft.is_symlink() {
+            return Some(Entry::Skipped(Self::note(
+                path,
+                "symbolic link, not followed",
+            )));
+        }
+        if !ft.is_file() {
+            return Some(Entry::Skipped(Self::note(path, "not a regular file")));
+        }
+        let rel = path
+            .strip_prefix(dir)
+            .expect("walkdir yields paths under its root");
+        let Some(name) = out_name(entry.file_name(), self.way) else {
+            return Some(Entry::Skipped(Self::note(
+                path,
+                format!("no {SUFFIX} suffix"),
+            )));
+        };
+        let dest = match rel.parent() {
+            Some(p) => out.join(p).join(name),
+            None => out.join(name),
+        };
+        Some(match entry.metadata() {
+            Ok(meta) => self.file(path, &meta, Dest::File(dest)),
+            Err(e) => Entry::Failed(Self::note(path, e.to_string())),
+        })
+    }
+}
+
+impl Iterator for Plan {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        loop {
+            if let Some((walk, dir, out)) = &mut self.walk {
+                match walk.next() {
+                    Some(item) => {
+                        let (dir, out) = (dir.clone(), out.clone());
+                        match self.walked(item, &dir, &out) {
+                            Some(entry) => return Some(entry),
+                            None => continue,
+                        }
+                    }
+                    None => self.walk = None,
+                }
+            }
+            match self.roots.pop_front()? {
+                Root::Ready(entry) => return Some(entry),
+                Root::Tree { dir, out } => {
+                    self.walk = Some((Self::start_walk(&dir, &out), dir, out));
+                }
+            }
+        }
     }
 }
 
@@ -121,128 +307,19 @@ fn split_off_suffix(name: &OsStr, keep: usize) -> OsString {
     OsStr::from_bytes(&name.as_bytes()[..keep]).to_os_string()
 }
 
-struct Planner {
-    way: Way,
-    force: bool,
-    plan: Plan,
-    dests: HashSet<PathBuf>,
-}
-
-impl Planner {
-    fn fail(&mut self, path: &Path, reason: impl Into<String>) {
-        self.plan.failed.push(Note {
-            path: show(path),
-            reason: reason.into(),
-        });
-    }
-
-    fn skip(&mut self, path: &Path, reason: impl Into<String>) {
-        self.plan.skipped.push(Note {
-            path: show(path),
-            reason: reason.into(),
-        });
-    }
-
-    /// Adds a regular file going to `dest`, unless the destination is taken.
-    fn add_file(&mut self, path: &Path, meta: &std::fs::Metadata, dest: Dest) {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if let Dest::File(d) = &dest {
-            if !self.dests.insert(d.clone()) {
-                return self.fail(path, format!("another input also goes to {}", show(d)));
-            }
-            if let Ok(dm) = d.symlink_metadata() {
-                if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
-                    return self.fail(path, "the output would replace the input itself");
-                }
-                if !self.force {
-                    return self.fail(
-                        path,
-                        format!("{} already exists (use --force to overwrite)", show(d)),
-                    );
-                }
-                if dm.is_dir() {
-                    return self.fail(path, format!("{} is a directory", show(d)));
-                }
-            }
-        }
-        self.plan.work.push(Work {
-            source: Source::File(path.to_path_buf()),
-            dest,
-            size: Some(meta.len()),
-            mode: Some(meta.permissions().mode() & 0o7777),
-        });
-    }
-
-    /// Adds every regular file under `dir`, mirrored under `root`.
-    fn add_tree(&mut self, dir: &Path, root: &Path) {
-        let root_abs = std::fs::canonicalize(root).ok();
-        let walk = walkdir::WalkDir::new(dir)
-            .follow_links(false)
-            .sort_by_file_name()
-            .into_iter()
-            // Never descend into the output tree when it lies inside the input.
-            .filter_entry(|e| {
-                root_abs.is_none()
-                    || !e.file_type().is_dir()
-                    || std::fs::canonicalize(e.path()).ok() != root_abs
-            });
-        for entry in walk {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    let path = e.path().unwrap_or(dir).to_path_buf();
-                    let reason = match e.io_error() {
-                        Some(io) => io.to_string(),
-                        None => e.to_string(),
-                    };
-                    self.fail(&path, reason);
-                    continue;
-                }
-            };
-            let path = entry.path();
-            let ft = entry.file_type();
-            if ft.is_dir() {
-                continue;
-            }
-            if ft.is_symlink() {
-                self.skip(path, "symbolic link, not followed");
-                continue;
-            }
-            if !ft.is_file() {
-                self.skip(path, "not a regular file");
-                continue;
-            }
-            let rel = path
-                .strip_prefix(dir)
-                .expect("walkdir yields paths under its root");
-            let Some(name) = out_name(entry.file_name(), self.way) else {
-                self.skip(path, format!("no {SUFFIX} suffix"));
-                continue;
-            };
-            let dest = match rel.parent() {
-                Some(p) => root.join(p).join(name),
-                None => root.join(name),
-            };
-            match entry.metadata() {
-                Ok(meta) => self.add_file(path, &meta, Dest::File(dest)),
-                Err(e) => self.fail(path, e.to_string()),
-            }
-        }
-    }
-}
-
-/// Works out what goes where.
+/// Works out what goes where: checks the arguments now, walks trees later.
 pub fn plan(
     inputs: &[PathBuf],
     output: Option<&Path>,
     way: Way,
     force: bool,
 ) -> anyhow::Result<Plan> {
-    let mut p = Planner {
+    let mut p = Plan {
         way,
         force,
-        plan: Plan::default(),
-        dests: HashSet::new(),
+        roots: VecDeque::new(),
+        walk: None,
+        stdout: false,
     };
     let is_dash = |x: &Path| x.as_os_str() == "-";
     let out_is_dir = output.is_some_and(|o| o.is_dir());
@@ -252,10 +329,12 @@ pub fn plan(
             let dest = match output {
                 None => Dest::Stdout,
                 Some(o) if is_dash(o) => Dest::Stdout,
-                Some(o) if out_is_dir => bail!(
-                    "{} is a directory: name the output file for standard input",
-                    show(o)
-                ),
+                Some(o) if out_is_dir => {
+                    bail!(
+                        "{} is a directory: name the output file for standard input",
+                        show(o)
+                    )
+                }
                 Some(o) => {
                     if o.exists() && !force {
                         bail!("{} already exists (use --force to overwrite)", show(o));
@@ -263,19 +342,21 @@ pub fn plan(
                     Dest::File(o.to_path_buf())
                 }
             };
-            p.plan.work.push(Work {
+            p.stdout = dest == Dest::Stdout;
+            p.roots.push_back(Root::Ready(Entry::Work(Work {
                 source: Source::Stdin,
                 dest,
                 size: None,
                 mode: None,
-            });
-            return Ok(p.plan);
+            })));
+            return Ok(p);
         }
         let meta = match input.metadata() {
             Ok(m) => m,
             Err(e) => {
-                p.fail(input, e.to_string());
-                return Ok(p.plan);
+                p.roots
+                    .push_back(Root::Ready(Entry::Failed(Plan::note(input, e.to_string()))));
+                return Ok(p);
             }
         };
         if meta.is_dir() {
@@ -291,12 +372,18 @@ pub fn plan(
             if root.exists() && !root.is_dir() {
                 bail!("{} exists and is not a directory", show(root));
             }
-            p.add_tree(input, root);
-            return Ok(p.plan);
+            p.roots.push_back(Root::Tree {
+                dir: input.clone(),
+                out: root.to_path_buf(),
+            });
+            return Ok(p);
         }
         if !meta.is_file() {
-            p.fail(input, "not a regular file");
-            return Ok(p.plan);
+            p.roots.push_back(Root::Ready(Entry::Failed(Plan::note(
+                input,
+                "not a regular file",
+            ))));
+            return Ok(p);
         }
         let name = input.file_name().unwrap_or(input.as_os_str());
         let dest = match output {
@@ -317,20 +404,22 @@ pub fn plan(
                 ),
             },
         };
-        if dest == Dest::Stdout {
-            p.plan.work.push(Work {
+        let entry = if dest == Dest::Stdout {
+            p.stdout = true;
+            Entry::Work(Work {
                 source: Source::File(input.clone()),
                 dest,
                 size: Some(meta.len()),
                 mode: None,
-            });
+            })
         } else {
-            p.add_file(input, &meta, dest);
-        }
-        return Ok(p.plan);
+            p.file(input, &meta, dest)
+        };
+        p.roots.push_back(Root::Ready(entry));
+        return Ok(p);
     }
 
-    // Several inputs: OUT is a directory.
+    // Several inputs: OUT is a directory; two inputs may not share an output name.
     let Some(root) = output else {
         bail!("name an output directory with -o for several inputs");
     };
@@ -340,6 +429,7 @@ pub fn plan(
     if root.exists() && !root.is_dir() {
         bail!("{} exists and is not a directory", show(root));
     }
+    let mut taken: HashSet<PathBuf> = HashSet::new();
     for input in inputs {
         if is_dash(input) {
             bail!("standard input (-) can only be the only input");
@@ -347,23 +437,46 @@ pub fn plan(
         let meta = match input.metadata() {
             Ok(m) => m,
             Err(e) => {
-                p.fail(input, e.to_string());
+                p.roots
+                    .push_back(Root::Ready(Entry::Failed(Plan::note(input, e.to_string()))));
                 continue;
             }
         };
         let name = input.file_name().unwrap_or(input.as_os_str());
-        if meta.is_dir() {
-            p.add_tree(input, &root.join(name));
+        let dest = if meta.is_dir() {
+            root.join(name)
         } else if meta.is_file() {
             match out_name(name, way) {
-                Some(n) => p.add_file(input, &meta, Dest::File(root.join(n))),
-                None => p.skip(input, format!("no {SUFFIX} suffix")),
+                Some(n) => root.join(n),
+                None => {
+                    let note = Plan::note(input, format!("no {SUFFIX} suffix"));
+                    p.roots.push_back(Root::Ready(Entry::Skipped(note)));
+                    continue;
+                }
             }
         } else {
-            p.skip(input, "not a regular file");
+            p.roots.push_back(Root::Ready(Entry::Skipped(Plan::note(
+                input,
+                "not a regular file",
+            ))));
+            continue;
+        };
+        if !taken.insert(dest.clone()) {
+            let note = Plan::note(input, format!("another input also goes to {}", show(&dest)));
+            p.roots.push_back(Root::Ready(Entry::Failed(note)));
+            continue;
         }
+        let entry = if meta.is_dir() {
+            Root::Tree {
+                dir: input.clone(),
+                out: dest,
+            }
+        } else {
+            Root::Ready(p.file(input, &meta, Dest::File(dest)))
+        };
+        p.roots.push_back(entry);
     }
-    Ok(p.plan)
+    Ok(p)
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! What a run tells people: a progress bar while it works, a summary at the end
 //! (files, bytes, time, each engine's share, every failure), or the same as JSON.
 
-use std::io::IsTerminal;
 use std::time::Duration;
 
 use hetcrypt_format::Stats;
@@ -13,10 +12,10 @@ use super::plan::Note;
 /// Runs shorter than this show no progress bar (it would only flicker).
 const PROGRESS_AFTER: Duration = Duration::from_millis(500);
 
-/// A progress bar on stderr with bytes/s, hidden when stderr is not a terminal or
-/// when asked to be quiet.
+/// A progress bar on stderr with bytes/s (`hidden` when stderr is not a terminal or
+/// when asked to be quiet); a spinner when the total is unknown (stdin).
 pub fn progress(total: Option<u64>, hidden: bool) -> ProgressBar {
-    if hidden || !std::io::stderr().is_terminal() {
+    if hidden {
         return ProgressBar::hidden();
     }
     let bar = match total {
