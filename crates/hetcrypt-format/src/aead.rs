@@ -12,12 +12,12 @@
 use std::fmt;
 use std::str::FromStr;
 
+use aes::cipher::{BlockCipherEncrypt, KeyInit};
+use aes::Aes128;
 use hetcrypt::{Cipher, Direction, Job, JobOutput, KeyId};
-use openssl::hash::MessageDigest;
-use openssl::pkey::{PKey, Private};
-use openssl::sign::Signer;
-use openssl::symm::{Cipher as SymmCipher, Crypter, Mode as SymmMode};
+use hmac::{Hmac, Mac};
 use serde::Serialize;
+use sha2::Sha256;
 use zeroize::Zeroizing;
 
 use crate::error::{FormatError, Result};
@@ -150,10 +150,15 @@ impl FromStr for Aead {
     }
 }
 
-/// The CPU half of `AEAD_AES_128_CBC_HMAC_SHA_256`: the MAC key and the tag.
+/// The CPU half of `AEAD_AES_128_CBC_HMAC_SHA_256`: the tag, and the IV derivation.
+///
+/// Keyed once per message (HMAC's inner and outer states, the AES key schedule for
+/// the IV block) and cloned per chunk, so a chunk costs no key setup; all of it is
+/// zeroized on drop.
 pub struct CbcHmacKeys {
-    mac: PKey<Private>,
+    mac: Hmac<Sha256>,
     enc: Zeroizing<Vec<u8>>,
+    iv_cipher: Aes128,
 }
 
 impl fmt::Debug for CbcHmacKeys {
@@ -178,8 +183,9 @@ impl CbcHmacKeys {
         }
         let (mac, enc) = key.split_at(Self::HALF_LEN);
         Ok(CbcHmacKeys {
-            mac: PKey::hmac(mac)?,
+            mac: Hmac::<Sha256>::new_from_slice(mac).expect("HMAC takes keys of any length"),
             enc: Zeroizing::new(enc.to_vec()),
+            iv_cipher: Aes128::new_from_slice(enc).expect("ENC_KEY is 16 bytes"),
         })
     }
 
@@ -191,13 +197,12 @@ impl CbcHmacKeys {
     /// The tag: HMAC-SHA-256(MAC_KEY, AAD || IV || C || AL) truncated to 16 bytes, AL
     /// being the AAD's length in bits as a 64-bit big-endian integer (RFC 7518 5.2.2.1).
     pub fn tag(&self, aad: &[u8], iv: &[u8], ciphertext: &[u8]) -> Result<[u8; TAG_LEN]> {
-        let mut signer = Signer::new(MessageDigest::sha256(), &self.mac)?;
-        signer.update(aad)?;
-        signer.update(iv)?;
-        signer.update(ciphertext)?;
-        let al = (aad.len() as u64).wrapping_mul(8).to_be_bytes();
-        signer.update(&al)?;
-        let full = signer.sign_to_vec()?;
+        let mut mac = self.mac.clone();
+        mac.update(aad);
+        mac.update(iv);
+        mac.update(ciphertext);
+        mac.update(&(aad.len() as u64).wrapping_mul(8).to_be_bytes());
+        let full = mac.finalize().into_bytes();
         let mut tag = [0u8; TAG_LEN];
         tag.copy_from_slice(&full[..TAG_LEN]);
         Ok(tag)
@@ -214,15 +219,17 @@ impl CbcHmacKeys {
     /// (Using the nonce itself would give IVs whose differences are public, letting a
     /// chosen-plaintext attacker test guesses of a chunk's first block.)
     pub fn iv(&self, nonce: &[u8]) -> Result<[u8; BLOCK_LEN]> {
-        let cipher = SymmCipher::aes_128_ecb();
-        let mut crypter = Crypter::new(cipher, SymmMode::Encrypt, &self.enc, None)?;
-        crypter.pad(false);
-        let mut out = [0u8; 2 * BLOCK_LEN];
-        let n = crypter.update(nonce, &mut out)?;
-        debug_assert_eq!(n, BLOCK_LEN, "one block in, one block out");
-        let mut iv = [0u8; BLOCK_LEN];
-        iv.copy_from_slice(&out[..BLOCK_LEN]);
-        Ok(iv)
+        let mut block = aes::Block::default();
+        if nonce.len() != BLOCK_LEN {
+            return Err(FormatError::Engine(hetcrypt::Error::IvLength {
+                cipher: Cipher::AES_128_CBC_PKCS7,
+                expected: BLOCK_LEN,
+                got: nonce.len(),
+            }));
+        }
+        block.copy_from_slice(nonce);
+        self.iv_cipher.encrypt_block(&mut block);
+        Ok(block.into())
     }
 }
 
@@ -386,5 +393,46 @@ fn tampered(chunk: u64, last: bool) -> FormatError {
     FormatError::Tampered {
         chunk,
         hint: if last { HINT_LAST } else { HINT_MIDDLE },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iv_is_the_forward_cipher_of_the_nonce() {
+        // FIPS-197 Appendix C.1: AES-128(000102..0f, 00112233..ff) = 69c4e0d8..c55a.
+        let mut key = vec![0u8; 16];
+        key.extend(0u8..16);
+        let keys = CbcHmacKeys::new(&key).unwrap();
+        let nonce: Vec<u8> = (0..16).map(|i| i * 0x11).collect();
+        let iv = keys.iv(&nonce).unwrap();
+        assert_eq!(
+            iv,
+            [
+                0x69, 0xc4, 0xe0, 0xd8, 0x6a, 0x7b, 0x04, 0x30, 0xd8, 0xcd, 0xb7, 0x80, 0x70, 0xb4,
+                0xc5, 0x5a
+            ]
+        );
+        assert!(keys.iv(&nonce[..12]).is_err());
+    }
+
+    #[test]
+    fn chunk_nonces_xor_the_counter_big_endian() {
+        let d = hetcrypt::Dispatcher::new(vec![]).unwrap();
+        let base = [0xffu8; 12];
+        let keys = ChunkKeys::new(&d, Aead::Aes128Gcm, &[0u8; 16], &base).unwrap();
+        assert_eq!(&keys.nonce(0).unwrap()[..], &base);
+        let n = keys.nonce(0x01_0203_0405).unwrap();
+        assert_eq!(
+            &n[..],
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa]
+        );
+        assert!(keys.nonce(crate::MAX_CHUNKS - 1).is_ok());
+        assert!(matches!(
+            keys.nonce(crate::MAX_CHUNKS),
+            Err(FormatError::TooLong)
+        ));
     }
 }
