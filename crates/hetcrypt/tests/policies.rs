@@ -275,10 +275,15 @@ fn round_robin_deals_one_to_one() {
 
 /// Fail-over under every policy: a `cpu` engine beside one that fails mid-batch (or
 /// cannot open at all) — nothing lost, nothing twice, a second batch avoids it.
+///
+/// Policies that reserve jobs before the batch (`round-robin`, `threshold:<bytes>`) are
+/// sure to hand the failing engine more than its quota, so it must fail under them;
+/// under the others it may finish the batch before reaching its fault (the `cpu` lane
+/// can be faster), which is fine as long as it never runs past it.
 #[test]
 fn every_policy_survives_a_failing_engine() {
     let mut mix = Mix(4);
-    for fault in [Fault::AfterJobs(25), Fault::OnOpen] {
+    for fault in [Fault::AfterJobs(5), Fault::OnOpen] {
         for name in POLICIES {
             let flaky = FaultyEngine::new("flaky", CpuEngine::with_lanes(2).into_engine(), fault);
             let (d, keys) = dispatcher(vec![
@@ -289,7 +294,10 @@ fn every_policy_survives_a_failing_engine() {
             let policy = policy::by_name(name).unwrap();
             let r = run_and_check(&d, &jobs, policy.as_ref()).report;
             let flaky = r.engine("flaky").unwrap();
-            assert!(flaky.failed.is_some(), "{name} {fault:?}");
+            let reserves = *name == "round-robin" || name.starts_with("threshold:");
+            if fault == Fault::OnOpen || reserves {
+                assert!(flaky.failed.is_some(), "{name} {fault:?}");
+            }
             if let Fault::AfterJobs(n) = fault {
                 assert!(
                     flaky.jobs <= n,
@@ -297,8 +305,14 @@ fn every_policy_survives_a_failing_engine() {
                     flaky.jobs
                 );
             }
-            let again = run_and_check(&d, &jobs, policy.as_ref()).report;
-            assert_eq!(again.engine("flaky").unwrap().jobs, 0, "{name}");
+            if flaky.failed.is_some() {
+                assert!(
+                    r.redispatched > 0 || fault == Fault::OnOpen || !reserves,
+                    "{name}"
+                );
+                let again = run_and_check(&d, &jobs, policy.as_ref()).report;
+                assert_eq!(again.engine("flaky").unwrap().jobs, 0, "{name}");
+            }
         }
     }
 }

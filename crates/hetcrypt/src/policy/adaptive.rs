@@ -4,9 +4,22 @@
 //! The jobs of a batch are sorted into classes (engines that can run them, cipher,
 //! direction, log2 size bucket), each a lock-free list. A free lane asks the placement
 //! rule of [`model`] which class to take from, using the estimates its engine and the
-//! others have built from the timings the dispatcher reports after every job (wall time
-//! and the lane thread's CPU time). The estimates live in the [`Adaptive`] value, shared
-//! by all its schedules, so a second batch starts from what the first one learned.
+//! others have built from timing every pull. The estimates live in the [`Adaptive`]
+//! value, shared by all its schedules, so a second batch starts from what the first one
+//! learned.
+//!
+//! **Timing.** The schedule times the pulls itself instead of asking the dispatcher
+//! ([`Schedule::wants_timing`] is false): a lane calls [`Schedule::next`] on its own
+//! thread when it has finished its previous jobs, so the time from one `next` returning
+//! to the lane's following call is what those jobs cost the lane (dispatch overhead
+//! included). That lets the cost of the clocks differ per lane: a software lane keeps
+//! its core busy for the whole job, so its CPU time is taken to be its wall time and
+//! only the cheap monotonic clock is read; a module lane also reads its thread's CPU
+//! clock, which the cost rule needs. On our host that clock is a real system call
+//! (~1-2 µs, measured), as much as a whole small job on AES-NI — reading it on every
+//! pull of every lane, as `wants_timing` does, made 16-byte batches ~1.7x slower. (A
+//! pull that ran re-dispatched jobs between two `next` calls is booked to the class the
+//! lane last took; that happens only after an engine failed.)
 //!
 //! A lane whose engine should not take any of the remaining work (a slow engine at the
 //! end of the batch, a module whose driver would cost the CPU lanes more than it saves)
@@ -17,11 +30,11 @@
 pub mod model;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use self::model::{decide, Cost, Decision, Estimate, SharedEstimate, View};
+use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View};
 use super::queue::{live_engines, JobList};
 use super::{EngineMask, Plan, Policy, Schedule};
 use crate::cipher::{Cipher, Direction};
@@ -36,6 +49,26 @@ pub const WAIT_RECHECK: Duration = Duration::from_millis(5);
 /// cost depends on how many lanes share the host), cipher, direction, size bucket.
 type ModelKey = (String, usize, Cipher, Direction, usize);
 
+/// What is kept per engine and class across batches.
+#[derive(Clone, Copy, Debug, Default)]
+struct Learned {
+    /// Every pull.
+    all: Estimate,
+    /// CPU engines only: pulls that no module job overlapped.
+    alone: Estimate,
+}
+
+/// What an [`Adaptive`] value and its schedules learn: per engine and class, and per
+/// engine (name, lanes) the CPU lanes' slowdown beside module jobs.
+#[derive(Debug, Default)]
+struct Knowledge {
+    costs: HashMap<ModelKey, Learned>,
+    interference: HashMap<(String, usize), Estimate>,
+}
+
+/// The model shared by an [`Adaptive`] value and its schedules.
+type Model = Arc<Mutex<Knowledge>>;
+
 /// Locks a mutex, going on with the data if a lane panicked while holding it (estimates
 /// and a unit guard stay usable).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -45,7 +78,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The adaptive policy. Clones share one learned model.
 #[derive(Clone, Debug, Default)]
 pub struct Adaptive {
-    learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+    learned: Model,
 }
 
 /// One learned estimate, for display (`hetcrypt` prints what the policy learned).
@@ -63,6 +96,8 @@ pub struct LearnedCost {
     pub min_len: usize,
     /// Cost of one job on one lane, once enough samples came in.
     pub cost: Option<Cost>,
+    /// For a CPU engine: the cost while no module job ran beside it.
+    pub alone: Option<Cost>,
     /// Samples seen.
     pub samples: u32,
 }
@@ -76,6 +111,7 @@ impl Adaptive {
     /// What the policy has learned so far, sorted by engine, cipher, direction, size.
     pub fn learned(&self) -> Vec<LearnedCost> {
         let mut out: Vec<LearnedCost> = lock(&self.learned)
+            .costs
             .iter()
             .map(|((engine, lanes, cipher, direction, b), e)| LearnedCost {
                 engine: engine.clone(),
@@ -83,8 +119,9 @@ impl Adaptive {
                 cipher: *cipher,
                 direction: *direction,
                 min_len: model::bucket_floor(*b),
-                cost: e.cost(),
-                samples: e.samples(),
+                cost: e.all.cost(),
+                alone: e.alone.cost(),
+                samples: e.all.samples(),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -112,8 +149,32 @@ impl Policy for Adaptive {
     }
 }
 
-/// Marks a job that is in no class (no live engine can run it).
-const NO_CLASS: u32 = u32::MAX;
+/// CPU time used so far by the calling thread (zero if the clock cannot be read, which
+/// makes the sample count a module's driver as free: the cost rule then does not hold
+/// it back).
+fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// A lane's pull in progress: what it took and when.
+#[derive(Clone, Copy, Debug)]
+struct Pull {
+    /// Model key of the jobs taken.
+    key: usize,
+    /// How many.
+    jobs: usize,
+    /// When `next` returned them.
+    since: Instant,
+    /// The lane thread's CPU clock then (module lanes only).
+    cpu_since: Option<Duration>,
+    /// Whether another engine's job was running then, and how many other engines'
+    /// pulls had started: a pull that no other engine's job overlapped at any moment is
+    /// an "alone" sample.
+    beside_others: bool,
+    others_started: u64,
+}
 
 /// Jobs that the same engines can run, of one cipher, direction and size bucket.
 struct Class {
@@ -128,15 +189,18 @@ struct Class {
 /// One batch under `adaptive`.
 struct AdaptiveSchedule {
     classes: Vec<Class>,
-    /// Per job: its class, or [`NO_CLASS`].
-    class_of: Vec<u32>,
     /// (cipher, direction, bucket) per model key.
     keys: Vec<(Cipher, Direction, usize)>,
     /// Per model key: the keys of the same cipher and direction with smaller buckets,
     /// largest first.
     smaller: Vec<Vec<usize>>,
-    /// Per engine and key (`engine * keys.len() + key`).
+    /// Per engine and key (`engine * keys.len() + key`): every pull.
     estimates: Vec<SharedEstimate>,
+    /// Per engine: what its lanes measure of module jobs beside them (CPU engines).
+    interference: Vec<Interference>,
+    /// Per engine: lanes with a pull in progress, and pulls started so far.
+    busy: Vec<AtomicUsize>,
+    starts: Vec<AtomicU64>,
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
     /// Per engine and class: whether the one re-measurement of this batch is unused.
@@ -148,13 +212,15 @@ struct AdaptiveSchedule {
     alive: Vec<AtomicUsize>,
     cores: usize,
     engine_of: Vec<usize>,
-    learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+    /// Per lane: its pull in progress (only that lane's thread touches it).
+    pulls: Vec<Mutex<Option<Pull>>>,
+    learned: Model,
     wait: Mutex<()>,
     wake: Condvar,
 }
 
 impl AdaptiveSchedule {
-    fn new(plan: &Plan<'_>, learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>) -> Self {
+    fn new(plan: &Plan<'_>, learned: Model) -> Self {
         let live = live_engines(plan);
         let mut class_index: HashMap<(EngineMask, Cipher, Direction, usize), usize> =
             HashMap::new();
@@ -162,7 +228,6 @@ impl AdaptiveSchedule {
         let mut keys = Vec::new();
         // (engines, key, bucket, longest job, jobs) per class.
         let mut members: Vec<(EngineMask, usize, usize, usize, Vec<usize>)> = Vec::new();
-        let mut class_of = vec![NO_CLASS; plan.jobs.len()];
         for (i, job) in plan.jobs.iter().enumerate() {
             let engines = job.engines.intersect(live);
             if engines.is_empty() {
@@ -183,7 +248,6 @@ impl AdaptiveSchedule {
                 });
             members[q].3 = members[q].3.max(job.len);
             members[q].4.push(i);
-            class_of[i] = u32::try_from(q).expect("fewer classes than jobs, and jobs fit a u32");
         }
         // Within a class, jobs are taken in batch order.
         let classes: Vec<Class> = members
@@ -207,17 +271,28 @@ impl AdaptiveSchedule {
             .iter()
             .map(|e| (e.name.clone(), e.lanes))
             .collect();
-        let estimates = {
-            let learned = lock(&learned);
-            names
+        let (estimates, interference) = {
+            let known = lock(&learned);
+            let stored = |name: &String, n: usize, (c, d, b): (Cipher, Direction, usize)| {
+                let key = (name.clone(), n, c, d, b);
+                known.costs.get(&key).copied().unwrap_or_default()
+            };
+            let estimates: Vec<SharedEstimate> = names
                 .iter()
                 .flat_map(|(name, n)| {
-                    keys.iter().map(|&(c, d, b)| {
-                        let stored = learned.get(&(name.clone(), *n, c, d, b)).copied();
-                        SharedEstimate::new(stored.unwrap_or_default())
-                    })
+                    keys.iter()
+                        .map(move |&k| SharedEstimate::new(stored(name, *n, k).all))
                 })
-                .collect()
+                .collect();
+            let interference: Vec<Interference> = names
+                .iter()
+                .map(|(name, n)| {
+                    let alone = keys.iter().map(|&k| stored(name, *n, k).alone).collect();
+                    let ratio = known.interference.get(&(name.clone(), *n));
+                    Interference::new(alone, ratio.copied().unwrap_or_default())
+                })
+                .collect();
+            (estimates, interference)
         };
         let smaller = keys
             .iter()
@@ -236,15 +311,18 @@ impl AdaptiveSchedule {
                 .map(|_| AtomicBool::new(true))
                 .collect(),
             classes,
-            class_of,
             keys,
             smaller,
             estimates,
+            interference,
+            busy: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
+            starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             names,
             host_cpu: plan.engines.iter().map(|e| e.uses_host_cpu).collect(),
             alive: lanes.into_iter().map(AtomicUsize::new).collect(),
             cores: plan.cores.max(1),
             engine_of: plan.lanes.iter().map(|l| l.engine).collect(),
+            pulls: plan.lanes.iter().map(|_| Mutex::new(None)).collect(),
             learned,
             wait: Mutex::new(()),
             wake: Condvar::new(),
@@ -339,6 +417,14 @@ impl View for AdaptiveSchedule {
         self.reprobe[self.engine_class(e, q)].load(Ordering::Relaxed)
     }
 
+    fn alone(&self, e: usize, q: usize) -> Option<Cost> {
+        self.interference[e].alone(self.classes[q].key)
+    }
+
+    fn slowdown(&self, e: usize) -> Option<f64> {
+        self.interference[e].slowdown()
+    }
+
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
         self.smaller[self.classes[q].key]
             .iter()
@@ -346,15 +432,54 @@ impl View for AdaptiveSchedule {
     }
 }
 
-impl Schedule for AdaptiveSchedule {
-    fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool {
-        let engine = self.engine_of[lane];
+impl AdaptiveSchedule {
+    /// Whether another engine has a pull in progress, and how many pulls the other
+    /// engines have started.
+    fn others(&self, engine: usize) -> (bool, u64) {
+        let mut busy = false;
+        let mut started = 0u64;
+        for e in (0..self.busy.len()).filter(|&e| e != engine) {
+            busy |= self.busy[e].load(Ordering::Acquire) > 0;
+            started = started.wrapping_add(self.starts[e].load(Ordering::Acquire));
+        }
+        (busy, started)
+    }
+
+    /// Books the lane's previous pull, which ended now: wall time per job, and CPU time
+    /// per job for module lanes (software lanes: the wall time, see the module docs).
+    fn book(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
+        let n = pull.jobs.max(1) as f64;
+        let wall = now.saturating_duration_since(pull.since).as_secs_f64() / n;
+        let cpu = match (pull.cpu_since, cpu_now) {
+            (Some(then), Some(now)) => now.saturating_sub(then).as_secs_f64() / n,
+            _ => wall,
+        };
+        let k = engine * self.keys.len() + pull.key;
+        let mut usable = self.estimates[k].observe(wall, cpu);
+        self.busy[engine].fetch_sub(1, Ordering::AcqRel);
+        let (beside_now, others_started) = self.others(engine);
+        let overlapped = pull.beside_others || beside_now || others_started != pull.others_started;
+        usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
+        if usable {
+            self.notify();
+        }
+    }
+
+    /// Chooses and takes jobs for a lane of `engine`; the class taken from, or `None`
+    /// when nothing more is for this lane. Sets `waited` if it had to wait.
+    fn choose(
+        &self,
+        engine: usize,
+        max: usize,
+        out: &mut Vec<usize>,
+        waited: &mut bool,
+    ) -> Option<usize> {
         let mut announced = false;
         loop {
             match decide(self, engine) {
                 Decision::Take(q) => {
                     if self.take(q, max, out) {
-                        return true;
+                        return Some(q);
                     }
                 }
                 Decision::Probe(q) => {
@@ -366,11 +491,12 @@ impl Schedule for AdaptiveSchedule {
                         continue;
                     }
                     if self.take(q, 1, out) {
-                        return true;
+                        return Some(q);
                     }
                 }
-                Decision::Done => return false,
+                Decision::Done => return None,
                 Decision::Wait => {
+                    *waited = true;
                     let guard = lock(&self.wait);
                     if !announced {
                         // A lane starting to wait may change what the others should
@@ -391,36 +517,41 @@ impl Schedule for AdaptiveSchedule {
             }
         }
     }
+}
 
-    fn wants_timing(&self) -> bool {
-        true
-    }
-
-    fn completed(&self, lane: usize, jobs: &[usize], elapsed: Duration, cpu: Duration) {
-        let Some(&engine) = self.engine_of.get(lane) else {
-            return;
+impl Schedule for AdaptiveSchedule {
+    fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool {
+        let engine = self.engine_of[lane];
+        let module = !self.host_cpu[engine];
+        let now = Instant::now();
+        let cpu_now = module.then(thread_cpu_time);
+        let mut pull = lock(&self.pulls[lane]);
+        if let Some(previous) = pull.take() {
+            self.book(engine, previous, now, cpu_now);
+        }
+        let before = out.len();
+        let mut waited = false;
+        let Some(q) = self.choose(engine, max, out, &mut waited) else {
+            return false;
         };
-        if jobs.is_empty() {
-            return;
-        }
-        // A pull's time is shared evenly by its jobs (they are of one class unless they
-        // were re-dispatched); one sample per class in the pull.
-        let n = jobs.len() as f64;
-        let (wall, cpu) = (elapsed.as_secs_f64() / n, cpu.as_secs_f64() / n);
-        let mut last_key = None;
-        for &j in jobs {
-            let Some(class) = self.class_of.get(j).copied().filter(|&c| c != NO_CLASS) else {
-                continue;
-            };
-            let key = self.classes[class as usize].key;
-            if last_key == Some(key) {
-                continue;
-            }
-            last_key = Some(key);
-            if self.estimate(engine, key).observe(wall, cpu) {
-                self.notify();
-            }
-        }
+        // After a wait, the jobs start now, not when the lane asked.
+        let (since, cpu_since) = if waited {
+            (Instant::now(), module.then(thread_cpu_time))
+        } else {
+            (now, cpu_now)
+        };
+        self.busy[engine].fetch_add(1, Ordering::AcqRel);
+        self.starts[engine].fetch_add(1, Ordering::AcqRel);
+        let (beside_others, others_started) = self.others(engine);
+        *pull = Some(Pull {
+            key: self.classes[q].key,
+            jobs: out.len() - before,
+            since,
+            cpu_since,
+            beside_others,
+            others_started,
+        });
+        true
     }
 
     fn engine_failed(&self, engine: usize) -> Vec<usize> {
@@ -447,13 +578,21 @@ impl Schedule for AdaptiveSchedule {
 impl Drop for AdaptiveSchedule {
     /// Keeps what this batch learned for the next one.
     fn drop(&mut self) {
-        let mut learned = lock(&self.learned);
+        let mut known = lock(&self.learned);
         for (e, (name, lanes)) in self.names.iter().enumerate() {
+            let (alone, ratio) = self.interference[e].snapshot();
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
-                let estimate = self.estimate(e, k).get();
-                if estimate.samples() > 0 {
-                    learned.insert((name.clone(), *lanes, cipher, direction, b), estimate);
+                let entry = Learned {
+                    all: self.estimates[e * self.keys.len() + k].get(),
+                    alone: alone[k],
+                };
+                if entry.all.samples() > 0 {
+                    let key = (name.clone(), *lanes, cipher, direction, b);
+                    known.costs.insert(key, entry);
                 }
+            }
+            if ratio.samples() > 0 {
+                known.interference.insert((name.clone(), *lanes), ratio);
             }
         }
     }
