@@ -14,6 +14,12 @@
 //! ```
 //! `HETCRYPT_BENCH_QUICK=1` in the environment means `--quick`.
 //!
+//! `--cpu-time` times both sides by CPU time instead of wall time (ours: the process's
+//! CPU clock; openssl: `openssl speed` without `-elapsed`, its default). On a shared,
+//! loaded host a process waiting for a core loses wall time but not CPU time, so the
+//! single-lane ratios stay meaningful there; `split` always uses wall time (a speed-up
+//! from parallel lanes is a wall-time notion) and warns when the load makes it moot.
+//!
 //! Sections: `engine` (one lane, 16 KiB, vs `openssl speed -evp`), `multibuf` (many
 //! CBC encryption jobs on one lane vs `openssl speed -evp aes-128-cbc`), `chains` (the
 //! multi-buffer width sweep), `dispatch` (`pull` on one lane vs a bare EVP loop on the
@@ -44,6 +50,7 @@ struct Opts {
     seconds: f64,
     sections: Vec<String>,
     json: Option<std::fs::File>,
+    cpu_time: bool,
 }
 
 impl Opts {
@@ -54,11 +61,13 @@ impl Opts {
             seconds: 1.0,
             sections: Vec::new(),
             json: None,
+            cpu_time: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => opts.quick = true,
+                "--cpu-time" => opts.cpu_time = true,
                 "--rounds" => opts.rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(5),
                 "--seconds" => {
                     opts.seconds = args.next().and_then(|v| v.parse().ok()).unwrap_or(1.0)
@@ -181,11 +190,16 @@ fn key_store() -> (KeyStore, KeyId) {
     (keys, id)
 }
 
-/// `openssl speed -elapsed -evp NAME -bytes SIZE -seconds 1 -mr`, in GB/s; `None`
-/// where the binary is missing or prints nothing we can read.
-fn openssl_speed(name: &str, decrypt: bool, size: usize) -> Option<f64> {
+/// `openssl speed -elapsed -evp NAME -bytes SIZE -seconds 1 -mr` (without `-elapsed`
+/// under `--cpu-time`), in GB/s; `None` where the binary is missing or prints nothing
+/// we can read.
+fn openssl_speed(opts: &Opts, name: &str, decrypt: bool, size: usize) -> Option<f64> {
     let mut cmd = Command::new("openssl");
-    cmd.args(["speed", "-elapsed", "-mr", "-seconds", "1", "-bytes"])
+    cmd.arg("speed");
+    if !opts.cpu_time {
+        cmd.arg("-elapsed");
+    }
+    cmd.args(["-mr", "-seconds", "1", "-bytes"])
         .arg(size.to_string());
     if decrypt {
         cmd.arg("-decrypt");
@@ -200,17 +214,34 @@ fn openssl_speed(name: &str, decrypt: bool, size: usize) -> Option<f64> {
         .map(|bps| bps / 1e9)
 }
 
-/// Repeats `f` (which processes `bytes` bytes per call) for `seconds`, in GB/s.
-fn rate(seconds: f64, bytes: usize, mut f: impl FnMut()) -> f64 {
+/// CPU time used so far by this process, all threads.
+fn process_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// Repeats `f` (which processes `bytes` bytes per call) for `seconds` (of wall time,
+/// or of process CPU time with `cpu_time`), in GB/s.
+fn rate_on(cpu_time: bool, seconds: f64, bytes: usize, mut f: impl FnMut()) -> f64 {
+    let now = || {
+        if cpu_time {
+            process_cpu_time()
+        } else {
+            // Wall time since a fixed origin, so both clocks read as durations.
+            static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            ORIGIN.get_or_init(Instant::now).elapsed()
+        }
+    };
     f(); // warm caches, contexts and allocations
-    let start = Instant::now();
+    let start = now();
     let limit = Duration::from_secs_f64(seconds);
     let mut done = 0usize;
-    while done == 0 || start.elapsed() < limit {
+    while done == 0 || now() - start < limit {
         f();
         done += bytes;
     }
-    done as f64 / start.elapsed().as_secs_f64() / 1e9
+    done as f64 / (now() - start).as_secs_f64() / 1e9
 }
 
 /// `engine`: the cpu engine, one lane, one 16 KiB job at a time, vs `openssl speed`.
@@ -257,14 +288,14 @@ fn engine(opts: &mut Opts) {
             target: Some(0.95),
         };
         for _ in 0..opts.rounds {
-            let ours = rate(opts.seconds, KIB16, || {
+            let ours = rate_on(opts.cpu_time, opts.seconds, KIB16, || {
                 lane.run(&job, &keys, &mut out).expect("bench job runs");
             });
             if opts.quick {
                 println!("engine    {name} {direction}: {ours:.3} GB/s (openssl speed skipped in --quick)");
                 continue;
             }
-            let Some(base) = openssl_speed(name, decrypt, KIB16) else {
+            let Some(base) = openssl_speed(opts, name, decrypt, KIB16) else {
                 println!("engine    openssl speed unavailable: skipped");
                 return;
             };
@@ -344,10 +375,10 @@ fn multibuf(opts: &mut Opts) {
             ..lane_row
         };
         for _ in 0..opts.rounds {
-            let ours = rate(opts.seconds, bytes, || {
+            let ours = rate_on(opts.cpu_time, opts.seconds, bytes, || {
                 lane_pass(&mut lane, &keys, &jobs, engine_batch(&engine), &mut outs)
             });
-            let pulled = rate(opts.seconds, bytes, || {
+            let pulled = rate_on(opts.cpu_time, opts.seconds, bytes, || {
                 let batch = dispatcher.run(&djobs, &Pull).expect("pull plans");
                 assert_eq!(batch.report.job_errors, 0);
             });
@@ -355,7 +386,7 @@ fn multibuf(opts: &mut Opts) {
                 println!("multibuf  cbc {size}B: lane {ours:.3} GB/s, pull {pulled:.3} GB/s");
                 continue;
             }
-            let Some(base) = openssl_speed("aes-128-cbc", false, size) else {
+            let Some(base) = openssl_speed(opts, "aes-128-cbc", false, size) else {
                 println!("multibuf  openssl speed unavailable: skipped");
                 return;
             };
@@ -402,12 +433,14 @@ fn chains(opts: &mut Opts) {
                 target: None,
             };
             for _ in 0..opts.rounds {
-                row.ours.push(rate(opts.seconds, bytes, || {
-                    lane_pass(&mut lane, &keys, &jobs, n, &mut outs)
-                }));
-                row.base.push(rate(opts.seconds, bytes, || {
-                    lane_pass(&mut single, &keys, &jobs, 1, &mut outs)
-                }));
+                row.ours
+                    .push(rate_on(opts.cpu_time, opts.seconds, bytes, || {
+                        lane_pass(&mut lane, &keys, &jobs, n, &mut outs)
+                    }));
+                row.base
+                    .push(rate_on(opts.cpu_time, opts.seconds, bytes, || {
+                        lane_pass(&mut single, &keys, &jobs, 1, &mut outs)
+                    }));
             }
             report(opts, &row);
         }
@@ -492,11 +525,15 @@ fn dispatch(opts: &mut Opts) {
         for round in 0..opts.rounds.max(1) * 2 {
             // Alternate which side goes first: neither always gets the warmer caches.
             let p = || {
-                rate(seconds, bytes, || {
+                rate_on(opts.cpu_time, seconds, bytes, || {
                     drop(dispatcher.run(&jobs, &Pull).expect("pull plans"))
                 })
             };
-            let mut b = || rate(seconds, bytes, || drop(bare_evp(&mut ctx, &jobs)));
+            let mut b = || {
+                rate_on(opts.cpu_time, seconds, bytes, || {
+                    drop(bare_evp(&mut ctx, &jobs))
+                })
+            };
             let (pr, br) = if round % 2 == 0 {
                 let pr = p();
                 (pr, b())
@@ -595,15 +632,32 @@ fn split(opts: &mut Opts) {
         }
     }
     report(opts, &row);
+    let load: f64 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    if load > 0.5 {
+        println!(
+            "{:9} load average {load:.1} on {} cores: other processes share the cores, \
+             so this speed-up is not the engine's",
+            "",
+            hetcrypt::engine::cpu::available_cores()
+        );
+    }
 }
 
 fn main() {
     let mut opts = Opts::parse();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "hetcrypt targets: {} rounds, {} s per side{}; cores {}; load {}",
+        "hetcrypt targets: {} rounds, {} s {} per side{}; cores {}; load {}",
         opts.rounds,
         opts.seconds,
+        if opts.cpu_time {
+            "CPU time"
+        } else {
+            "wall time"
+        },
         if opts.quick { " (quick)" } else { "" },
         hetcrypt::engine::cpu::available_cores(),
         load.split_whitespace()

@@ -58,6 +58,10 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
+/// Extra room in a lane's result list beyond its even share of the batch, for the
+/// unevenness of pulling (a lane may take a few pulls more than its share).
+const MAX_PULL_SLACK: usize = 64;
+
 /// Locks a mutex, going on with the data if another lane panicked while holding it
 /// (the data here is counters and queues that stay consistent between statements).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,9 +135,19 @@ impl Dispatcher {
         // Which engines support each (cipher, direction), asked once per pair rather
         // than once per job and engine: a batch may hold hundreds of thousands of jobs.
         let mut support: Vec<(Cipher, Direction, EngineMask)> = Vec::new();
+        let mut alive = EngineMask::default();
+        for (e, _) in failed_before.iter().enumerate().filter(|(_, &f)| !f) {
+            alive.insert(e);
+        }
+        // Results are put in job order after the lanes join, from what each lane kept
+        // (lanes share no per-job state while they run); these are the jobs that end
+        // before any lane starts, as no engine that still works can run them.
+        let mut unrunnable: Vec<(usize, Result<JobOutput>)> = Vec::new();
+        let mut bytes = 0u64;
         let metas: Vec<JobMeta> = jobs
             .iter()
-            .map(|job| {
+            .enumerate()
+            .map(|(i, job)| {
                 let known = support
                     .iter()
                     .find(|(c, d, _)| (*c, *d) == (job.cipher, job.direction));
@@ -150,6 +164,10 @@ impl Dispatcher {
                         mask
                     }
                 };
+                if engines.intersect(alive).is_empty() {
+                    unrunnable.push((i, Err(Error::NoEngine { cipher: job.cipher })));
+                }
+                bytes += job.len() as u64;
                 JobMeta {
                     len: job.len(),
                     cipher: job.cipher,
@@ -183,16 +201,13 @@ impl Dispatcher {
             cores,
         })?;
 
-        let mut alive = EngineMask::default();
-        for (e, _) in failed_before.iter().enumerate().filter(|(_, &f)| !f) {
-            alive.insert(e);
-        }
         let shared = Shared {
             jobs,
             alive_at_start: alive,
             metas: &metas,
             schedule: schedule.as_ref(),
             keys: &self.keys,
+            lane_count: lane_metas.len(),
             remaining: AtomicUsize::new(0),
             late: Mutex::new(Vec::new()),
             quarantined: failed_before.iter().map(|&f| AtomicBool::new(f)).collect(),
@@ -206,17 +221,7 @@ impl Dispatcher {
             retry_len: AtomicUsize::new(0),
             redispatched: AtomicUsize::new(0),
         };
-        // Each job's result, filled after the lanes join from what each lane kept
-        // (lanes share no per-job state while they run).
-        let mut results: Vec<Option<Result<JobOutput>>> = (0..jobs.len()).map(|_| None).collect();
-        let mut runnable = 0;
-        for (i, m) in metas.iter().enumerate() {
-            if m.engines.intersect(alive).is_empty() {
-                results[i] = Some(Err(Error::NoEngine { cipher: m.cipher }));
-            } else {
-                runnable += 1;
-            }
-        }
+        let runnable = jobs.len() - unrunnable.len();
         shared.remaining.store(runnable, Ordering::Relaxed);
         if runnable == 0 {
             lock(&shared.coord).done = true;
@@ -263,25 +268,20 @@ impl Dispatcher {
         } = shared;
         let mut lane_reports = Vec::with_capacity(finished.len());
         let mut opened = Vec::with_capacity(finished.len());
-        let mut duplicates = 0;
-        let late = late.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut late = late.into_inner().unwrap_or_else(|e| e.into_inner());
+        late.sort_by_key(|&(j, _)| j);
+        let mut lists = vec![(unrunnable, true), (late, true)];
         for end in finished {
             lane_reports.push(end.report);
             opened.push(end.lane);
-            for (j, result) in end.done {
-                let slot = &mut results[j];
-                if slot.is_some() {
-                    duplicates += 1;
-                }
-                *slot = Some(result);
-            }
+            lists.push((end.done, end.ascending));
         }
-        for (j, result) in late {
-            if results[j].is_some() {
-                duplicates += 1;
-            }
-            results[j] = Some(result);
-        }
+        let (outputs, duplicates) = in_job_order(jobs.len(), lists, |j| {
+            Err(Error::Policy {
+                policy: policy.name(),
+                reason: format!("no lane was given this {} job", metas[j].cipher),
+            })
+        });
         debug_assert_eq!(duplicates, 0, "a job was completed twice");
 
         // Record new failures; keep the lanes of engines that still work.
@@ -304,23 +304,7 @@ impl Dispatcher {
             failed.clone()
         };
 
-        let mut job_errors = 0;
-        let mut bytes = 0u64;
-        let outputs: Vec<Result<JobOutput>> = results
-            .into_iter()
-            .zip(&metas)
-            .map(|(result, meta)| {
-                bytes += meta.len as u64;
-                let result = result.unwrap_or_else(|| {
-                    Err(Error::Policy {
-                        policy: policy.name(),
-                        reason: format!("no lane was given this {} job", meta.cipher),
-                    })
-                });
-                job_errors += usize::from(result.is_err());
-                result
-            })
-            .collect();
+        let job_errors = outputs.iter().filter(|o| o.is_err()).count();
 
         let mut engines: Vec<EngineReport> = self
             .engines
@@ -372,6 +356,8 @@ struct Shared<'a> {
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
+    /// Lanes in this batch.
+    lane_count: usize,
     /// Jobs without a result yet.
     remaining: AtomicUsize,
     /// Results made outside a lane's loop (jobs no working engine can run any more).
@@ -397,6 +383,68 @@ struct LaneEnd {
     lane: Option<Box<dyn Lane>>,
     /// The results of the jobs it ran, by job index.
     done: Vec<(usize, Result<JobOutput>)>,
+    /// Whether `done` is in job order (true unless it ran re-dispatched jobs or a
+    /// policy handed jobs out of order).
+    ascending: bool,
+}
+
+/// Per-job results from several lists of (job index, result) into one vector in job
+/// order; `missing` makes the result of a job no list has. Returns the vector and how
+/// many results were surplus (a job completed twice: a bug, counted, not kept).
+///
+/// Lists in job order are merged in one pass — results move once, straight to their
+/// place — which is what every list is in the common case (each lane takes jobs in
+/// queue order); otherwise the results are scattered into slots first.
+fn in_job_order(
+    n: usize,
+    lists: Vec<(Vec<(usize, Result<JobOutput>)>, bool)>,
+    mut missing: impl FnMut(usize) -> Result<JobOutput>,
+) -> (Vec<Result<JobOutput>>, usize) {
+    let mut duplicates = 0;
+    if !lists.iter().all(|(_, ascending)| *ascending) {
+        let mut slots: Vec<Option<Result<JobOutput>>> = (0..n).map(|_| None).collect();
+        for (j, result) in lists.into_iter().flat_map(|(list, _)| list) {
+            if slots[j].replace(result).is_some() {
+                duplicates += 1;
+            }
+        }
+        let outputs = slots
+            .into_iter()
+            .enumerate()
+            .map(|(j, slot)| slot.unwrap_or_else(|| missing(j)))
+            .collect();
+        return (outputs, duplicates);
+    }
+    let mut heads: Vec<_> = lists
+        .into_iter()
+        .map(|(list, _)| list.into_iter().peekable())
+        .collect();
+    let mut outputs = Vec::with_capacity(n);
+    // The list that gave the last result: lanes take runs of consecutive jobs, so it
+    // usually has the next one too.
+    let mut current = 0;
+    for j in 0..n {
+        let is_j = |&(i, _): &(usize, _)| i == j;
+        if let Some((_, result)) = heads.get_mut(current).and_then(|h| h.next_if(is_j)) {
+            outputs.push(result);
+            continue;
+        }
+        let mut found = None;
+        for (l, h) in heads.iter_mut().enumerate() {
+            // Entries below `j` were already served by another list: surplus.
+            while h.next_if(|&(i, _)| i < j).is_some() {
+                duplicates += 1;
+            }
+            if let Some((_, result)) = h.next_if(is_j) {
+                current = l;
+                found = Some(result);
+                break;
+            }
+        }
+        outputs.push(found.unwrap_or_else(|| missing(j)));
+    }
+    duplicates += heads.iter_mut().map(|h| h.count()).sum::<usize>();
+    (outputs, duplicates)
 }
 
 impl Shared<'_> {
@@ -540,7 +588,11 @@ impl Shared<'_> {
             lane: meta.index,
             ..LaneReport::default()
         };
-        let mut done: Vec<(usize, Result<JobOutput>)> = Vec::new();
+        // Room for an even share of the batch, so a lane rarely grows the list.
+        let share = self.jobs.len() / self.lane_count.max(1) + MAX_PULL_SLACK;
+        let mut done: Vec<(usize, Result<JobOutput>)> =
+            Vec::with_capacity(share.min(self.jobs.len()));
+        let mut ascending = true;
         let mut lane = match opened {
             Some(lane) => lane,
             None => match engine.open_lane(meta.index) {
@@ -553,6 +605,7 @@ impl Shared<'_> {
                         report,
                         lane: None,
                         done,
+                        ascending,
                     };
                 }
             },
@@ -619,6 +672,7 @@ impl Shared<'_> {
                         report.jobs += 1;
                         report.bytes += self.jobs[j].len() as u64;
                         let out = std::mem::take(&mut outs[k]);
+                        ascending &= done.last().is_none_or(|&(last, _)| last < j);
                         done.push((j, result.map(|()| out)));
                     }
                 }
@@ -639,6 +693,7 @@ impl Shared<'_> {
             report,
             lane: Some(lane),
             done,
+            ascending,
         }
     }
 
@@ -651,5 +706,75 @@ impl Shared<'_> {
         }
         drop(coord);
         self.wake.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A result that names its job, so the order can be checked.
+    fn out(j: usize) -> Result<JobOutput> {
+        Ok(JobOutput {
+            data: j.to_le_bytes().to_vec(),
+            tag: None,
+        })
+    }
+
+    fn list(jobs: &[usize]) -> Vec<(usize, Result<JobOutput>)> {
+        jobs.iter().map(|&j| (j, out(j))).collect()
+    }
+
+    fn order(outputs: &[Result<JobOutput>]) -> Vec<Option<usize>> {
+        outputs
+            .iter()
+            .map(|o| {
+                o.as_ref()
+                    .ok()
+                    .map(|o| usize::from_le_bytes(o.data[..8].try_into().unwrap()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merges_interleaved_runs_in_job_order() {
+        let lists = vec![
+            (list(&[]), true),
+            (list(&[5]), true),
+            (list(&[0, 1, 2, 6, 7]), true),
+            (list(&[3, 4, 8, 9]), true),
+        ];
+        let (outputs, duplicates) = in_job_order(10, lists, |_| unreachable!());
+        assert_eq!(duplicates, 0);
+        assert_eq!(order(&outputs), (0..10).map(Some).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn unordered_lists_are_scattered() {
+        let lists = vec![(list(&[4, 0, 2]), false), (list(&[1, 3]), true)];
+        let (outputs, duplicates) = in_job_order(5, lists, |_| unreachable!());
+        assert_eq!(duplicates, 0);
+        assert_eq!(order(&outputs), (0..5).map(Some).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn missing_and_surplus_results() {
+        for ascending in [true, false] {
+            let lists = vec![(list(&[0, 1, 3]), ascending), (list(&[1, 3, 4]), true)];
+            let (outputs, duplicates) = in_job_order(6, lists, |j| {
+                Err(Error::Policy {
+                    policy: "test".into(),
+                    reason: format!("job {j} missing"),
+                })
+            });
+            assert_eq!(duplicates, 2, "ascending {ascending}");
+            assert_eq!(
+                order(&outputs),
+                vec![Some(0), Some(1), None, Some(3), Some(4), None]
+            );
+            assert!(
+                matches!(&outputs[2], Err(Error::Policy { reason, .. }) if reason == "job 2 missing")
+            );
+        }
     }
 }

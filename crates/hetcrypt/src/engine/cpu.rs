@@ -238,18 +238,22 @@ pub struct CpuLane {
 
 impl CpuLane {
     /// Pins the calling thread to this lane's core, unless it already is.
+    #[inline]
     fn pin(&mut self) -> Result<()> {
-        let Some(core) = self.core else {
-            return Ok(());
-        };
-        if PINNED_TO.get() == Some(core) {
-            return Ok(());
+        match self.core {
+            Some(core) if PINNED_TO.get() != Some(core) => self.pin_to(core),
+            _ => Ok(()),
         }
+    }
+
+    /// Pins the calling thread to `core`.
+    #[cold]
+    fn pin_to(&mut self, core: usize) -> Result<()> {
         use nix::sched::{sched_setaffinity, CpuSet};
         let mut set = CpuSet::new();
         set.set(core)
             .and_then(|()| sched_setaffinity(nix::unistd::Pid::from_raw(0), &set))
-            .map_err(|e| Error::EngineUnavailable {
+            .map_err(|e| Error::EngineFailed {
                 engine: "cpu".to_string(),
                 reason: format!("cannot pin a lane to core {core}: {e}"),
             })?;
@@ -271,6 +275,19 @@ impl CpuLane {
             }
         }
         Ok(&mut self.contexts[0].1)
+    }
+
+    /// Runs one job through EVP (the thread is pinned already).
+    #[inline]
+    fn run_one(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        job.validate()?;
+        let ctx = self.context(job, keys)?;
+        let result = run_evp(ctx, job, out);
+        if result.is_err() {
+            out.data.clear();
+            out.tag = None;
+        }
+        result
     }
 
     /// Runs the CBC encryption jobs `group` (batch positions, all under one key and
@@ -304,7 +321,7 @@ impl CpuLane {
             Err(e) => {
                 // Every job of the group shares the key and so the error.
                 for &k in group {
-                    results[k] = Err(clone_key_error(&e));
+                    results[k] = Err(copy_error(&e));
                 }
                 return;
             }
@@ -337,8 +354,9 @@ impl CpuLane {
     }
 }
 
-/// The errors a key lookup can give, copied for each job of a group.
-fn clone_key_error(e: &Error) -> Error {
+/// An error copied for each job it concerns (errors are not `Clone`): a key lookup's
+/// errors as they are, anything else (a failed pinning) as an engine failure.
+fn copy_error(e: &Error) -> Error {
     match e {
         Error::UnknownKey(id) => Error::UnknownKey(*id),
         Error::KeyLength {
@@ -394,14 +412,7 @@ fn keyed_context(cipher: Cipher, direction: Direction, key: &[u8]) -> Result<Cip
 impl Lane for CpuLane {
     fn run(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
         self.pin()?;
-        job.validate()?;
-        let ctx = self.context(job, keys)?;
-        let result = run_evp(ctx, job, out);
-        if result.is_err() {
-            out.data.clear();
-            out.tag = None;
-        }
-        result
+        self.run_one(job, keys, out)
     }
 
     /// Sends the batch's CBC encryption jobs, grouped by key, through multi-buffer
@@ -413,6 +424,12 @@ impl Lane for CpuLane {
         outs: &mut [JobOutput],
         results: &mut [Result<()>],
     ) {
+        if let Err(e) = self.pin() {
+            for result in results.iter_mut() {
+                *result = Err(copy_error(&e));
+            }
+            return;
+        }
         let mut picked = std::mem::take(&mut self.picked);
         picked.clear();
         for (k, job) in jobs.iter().enumerate() {
@@ -422,18 +439,12 @@ impl Lane for CpuLane {
                     Err(e) => results[k] = Err(e),
                 }
             } else {
-                results[k] = self.run(job, keys, &mut outs[k]);
+                results[k] = self.run_one(job, keys, &mut outs[k]);
             }
         }
-        if let Err(e) = self.pin() {
-            let reason = e.to_string();
-            for &k in &picked {
-                results[k] = Err(Error::EngineFailed {
-                    engine: "cpu".to_string(),
-                    reason: reason.clone(),
-                });
-            }
-            picked.clear();
+        if picked.is_empty() {
+            self.picked = picked;
+            return;
         }
         // Jobs under the same key (and key size) share one lockstep run.
         picked.sort_unstable_by_key(|&k| (jobs[k].key, jobs[k].cipher.key_size));
@@ -442,7 +453,7 @@ impl Lane for CpuLane {
         }) {
             if let [k] = group {
                 // One chain gains nothing from lockstep: EVP's CBC is as fast alone.
-                results[*k] = self.run(jobs[*k], keys, &mut outs[*k]);
+                results[*k] = self.run_one(jobs[*k], keys, &mut outs[*k]);
             } else {
                 self.run_multibuf(jobs, group, keys, outs, results);
             }
@@ -467,7 +478,11 @@ fn run_evp(ctx: &mut CipherCtx, job: &Job, out: &mut JobOutput) -> Result<()> {
     }
     // EVP wants room for the input plus one block it may hold back or add (padding).
     let room = job.input.len() + BLOCK_LEN;
-    if out.data.len() < room {
+    if out.data.capacity() == 0 {
+        // A fresh buffer (the dispatcher hands each job one): zeroed allocation in
+        // one call, cheaper than growing an empty vector.
+        out.data = vec![0; room];
+    } else if out.data.len() < room {
         out.data.resize(room, 0);
     }
     let written = ctx.cipher_update(&job.input, Some(&mut out.data))?;
