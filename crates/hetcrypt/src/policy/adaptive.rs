@@ -16,13 +16,14 @@
 //! its core busy for the whole job, so its CPU time is taken to be its wall time and
 //! only the cheap monotonic clock is read; a module lane also reads its thread's CPU
 //! clock, which the cost rule needs. On our host that clock is a real system call
-//! (~1-2 µs, measured), as much as a whole small job on AES-NI — reading it on every
-//! pull of every lane, as `wants_timing` does, made 16-byte batches ~1.7x slower. (A
+//! (0.85-2 µs per read, measured), as much as a whole small job on AES-NI — with
+//! `wants_timing`, `pull` ran 4,000 16-byte jobs ~1.7x slower in a same-run comparison.
+//! (A
 //! pull that ran re-dispatched jobs between two `next` calls is booked to the class the
 //! lane last took; that happens only after an engine failed.)
 //!
 //! A lane whose engine should not take any of the remaining work (a slow engine at the
-//! end of the batch, a module whose driver would cost the CPU lanes more than it saves)
+//! end of the batch, an engine whose jobs would cost the others more than they save)
 //! waits inside [`Schedule::next`]; it is woken when a class runs out, an estimate
 //! becomes usable, an engine fails or another lane starts waiting (so stale decisions
 //! are re-taken together), and re-checks every [`WAIT_RECHECK`] regardless.
@@ -41,9 +42,10 @@ use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
 
 /// How long a waiting lane sleeps before re-deciding even if nobody woke it: a safety
-/// net for estimates that drift while it waits. Short against a batch, long against the
-/// wake-ups it saves (each one costs the waiting thread a slice of a core).
-pub const WAIT_RECHECK: Duration = Duration::from_millis(5);
+/// net for estimates that drift while it waits (the events that can change its mind
+/// wake it anyway). Long, because on a one-core board every wake-up takes the core from
+/// the lanes doing the work.
+pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
 /// What the model is keyed by across batches: engine name and lane count (a lane's
 /// cost depends on how many lanes share the host), cipher, direction, size bucket.
@@ -54,12 +56,12 @@ type ModelKey = (String, usize, Cipher, Direction, usize);
 struct Learned {
     /// Every pull.
     all: Estimate,
-    /// CPU engines only: pulls that no module job overlapped.
+    /// Pulls that no other engine's job overlapped.
     alone: Estimate,
 }
 
 /// What an [`Adaptive`] value and its schedules learn: per engine and class, and per
-/// engine (name, lanes) the CPU lanes' slowdown beside module jobs.
+/// engine (name, lanes) how much its lanes slow down beside other engines' jobs.
 #[derive(Debug, Default)]
 struct Knowledge {
     costs: HashMap<ModelKey, Learned>,
@@ -96,7 +98,7 @@ pub struct LearnedCost {
     pub min_len: usize,
     /// Cost of one job on one lane, once enough samples came in.
     pub cost: Option<Cost>,
-    /// For a CPU engine: the cost while no module job ran beside it.
+    /// The cost while no other engine's job ran beside it.
     pub alone: Option<Cost>,
     /// Samples seen.
     pub samples: u32,
@@ -149,9 +151,8 @@ impl Policy for Adaptive {
     }
 }
 
-/// CPU time used so far by the calling thread (zero if the clock cannot be read, which
-/// makes the sample count a module's driver as free: the cost rule then does not hold
-/// it back).
+/// CPU time used so far by the calling thread (zero if the clock cannot be read; only
+/// the cost rule's stand-in, before interference is measured, relies on it).
 fn thread_cpu_time() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .map(Duration::from)
@@ -196,7 +197,7 @@ struct AdaptiveSchedule {
     smaller: Vec<Vec<usize>>,
     /// Per engine and key (`engine * keys.len() + key`): every pull.
     estimates: Vec<SharedEstimate>,
-    /// Per engine: what its lanes measure of module jobs beside them (CPU engines).
+    /// Per engine: what its lanes measure of other engines' jobs beside theirs.
     interference: Vec<Interference>,
     /// Per engine: lanes with a pull in progress, and pulls started so far.
     busy: Vec<AtomicUsize>,

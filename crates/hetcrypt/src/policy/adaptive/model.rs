@@ -40,8 +40,10 @@
 //! Among the classes it may take, the lane picks the one where its engine is relatively
 //! best (largest ratio of the best other engine's cost to its own), largest jobs first on
 //! ties: a module takes the big jobs and leaves the small ones to the CPU, as the
-//! optimal fluid split of unrelated machines does. Lanes of the fastest engine for a
-//! class never decline it, so some lane always makes progress.
+//! optimal fluid split of unrelated machines does. Some engine always passes the cost
+//! rule (the best single engine does), and among those that pass it the lane with the
+//! shortest time per job always passes the end-game rule, so some lane always makes
+//! progress.
 //!
 //! **Exploration.** An engine with no estimate for a class takes up to [`PROBES`] probe
 //! jobs of it, smallest classes first, only while the batch is large enough for the
