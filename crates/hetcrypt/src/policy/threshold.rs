@@ -113,7 +113,7 @@ impl Policy for Threshold {
             Source::Calibrating(learned) => {
                 let learning = Learning::new(plan, small, large, Arc::clone(learned));
                 let queue = GroupedQueue::from_masks((0..plan.jobs.len()).map(|i| {
-                    match learning.threshold_for(i, plan) {
+                    match learning.threshold_for(i) {
                         Some(threshold) => place(i, threshold),
                         // Not measured on both sides yet: everyone may take it.
                         None => (i, plan.jobs[i].engines.intersect(live)),
@@ -342,8 +342,6 @@ type RatePoint = (usize, f64, f64);
 
 /// What the calibrating threshold measures during a batch.
 struct Learning {
-    small: usize,
-    large: EngineMask,
     /// Per engine: name and lane count (the model's key).
     names: Vec<(String, usize)>,
     /// (cipher, direction, bucket) per model key.
@@ -352,9 +350,9 @@ struct Learning {
     key_of: Vec<usize>,
     /// Per engine and key.
     estimates: Vec<SharedEstimate>,
-    /// Per (cipher, direction): the threshold from what was known at plan time, and
-    /// the buckets measured on both sides.
-    thresholds: HashMap<(Cipher, Direction), (usize, Vec<usize>)>,
+    /// Per key: the threshold from what was known at plan time, or `None` while the
+    /// key is not measured on both sides.
+    key_threshold: Vec<Option<usize>>,
     /// Whether some job of this batch is in a class still being measured.
     measuring: bool,
     learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
@@ -374,15 +372,24 @@ impl Learning {
             .collect();
         let mut keys = Vec::new();
         let mut key_index = HashMap::new();
+        // Consecutive jobs mostly share a key: hash only when it changes.
+        let mut last = None;
         let key_of = plan
             .jobs
             .iter()
             .map(|job| {
                 let k = (job.cipher, job.direction, model::bucket(job.len));
-                *key_index.entry(k).or_insert_with(|| {
-                    keys.push(k);
-                    keys.len() - 1
-                })
+                match last {
+                    Some((l, i)) if l == k => i,
+                    _ => {
+                        let i = *key_index.entry(k).or_insert_with(|| {
+                            keys.push(k);
+                            keys.len() - 1
+                        });
+                        last = Some((k, i));
+                        i
+                    }
+                }
             })
             .collect();
         let stored = lock(&learned);
@@ -428,7 +435,7 @@ impl Learning {
             ));
         }
         drop(stored);
-        let thresholds = points
+        let thresholds: HashMap<(Cipher, Direction), (usize, Vec<usize>)> = points
             .into_iter()
             .map(|(k, mut p)| {
                 p.sort_by_key(|p| p.0);
@@ -436,33 +443,33 @@ impl Learning {
                 (k, (crossover(&p), known))
             })
             .collect();
-        let mut learning = Learning {
-            small,
-            large,
+        // Per key: the threshold, or `None` while the key is still being measured. With
+        // a single engine there is nothing to measure: every job goes to it.
+        let key_threshold: Vec<Option<usize>> = keys
+            .iter()
+            .map(|&(c, d, b)| {
+                if large.contains(small) {
+                    return Some(0);
+                }
+                let (threshold, known) = thresholds.get(&(c, d))?;
+                known.contains(&b).then_some(*threshold)
+            })
+            .collect();
+        let measuring = key_threshold.iter().any(Option::is_none);
+        Learning {
             names,
             keys,
             key_of,
             estimates,
-            thresholds,
-            measuring: false,
+            key_threshold,
+            measuring,
             learned,
-        };
-        learning.measuring =
-            (0..plan.jobs.len()).any(|i| learning.threshold_for(i, plan).is_none());
-        learning
+        }
     }
 
     /// The threshold for job `i`, or `None` while its class is still being measured.
-    /// With a single engine there is nothing to measure: every job goes to it.
-    fn threshold_for(&self, i: usize, plan: &Plan<'_>) -> Option<usize> {
-        if self.large.contains(self.small) {
-            return Some(0);
-        }
-        let job = &plan.jobs[i];
-        let (threshold, known) = self.thresholds.get(&(job.cipher, job.direction))?;
-        known
-            .contains(&model::bucket(job.len))
-            .then_some(*threshold)
+    fn threshold_for(&self, i: usize) -> Option<usize> {
+        self.key_threshold[self.key_of[i]]
     }
 }
 
@@ -533,5 +540,125 @@ impl Schedule for Split {
 
     fn engine_failed(&self, engine: usize) -> Vec<usize> {
         self.queue.engine_failed(engine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{EngineMeta, JobMeta, LaneMeta};
+
+    #[test]
+    fn crossover_is_where_the_large_side_starts_winning_for_good() {
+        let rising = [
+            (16, 10.0, 1.0),
+            (1024, 10.0, 5.0),
+            (4096, 10.0, 12.0),
+            (16384, 10.0, 30.0),
+        ];
+        assert_eq!(crossover(&rising), 4096);
+        assert_eq!(crossover(&[(16, 1.0, 2.0), (1024, 1.0, 2.0)]), 0);
+        assert_eq!(crossover(&[(16, 2.0, 1.0), (1024, 2.0, 1.0)]), usize::MAX);
+        // A win below a loss does not count: only the run at the top does.
+        let bumpy = [(16, 1.0, 2.0), (1024, 2.0, 1.0), (16384, 1.0, 3.0)];
+        assert_eq!(crossover(&bumpy), 16384);
+        assert_eq!(crossover(&[]), usize::MAX);
+    }
+
+    fn engines() -> Vec<EngineMeta> {
+        [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
+            .iter()
+            .map(|(name, kind)| EngineMeta {
+                name: name.to_string(),
+                kind: *kind,
+                lanes: 1,
+                max_batch: 1,
+                uses_host_cpu: *kind == EngineKind::Cpu,
+            })
+            .collect()
+    }
+
+    fn lanes() -> Vec<LaneMeta> {
+        (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect()
+    }
+
+    fn job(len: usize, engines: u64) -> JobMeta {
+        JobMeta {
+            len,
+            cipher: Cipher::AES_128_CBC,
+            direction: Direction::Encrypt,
+            engines: EngineMask(engines),
+        }
+    }
+
+    fn taken(s: &dyn Schedule, lane: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        while s.next(lane, 1, &mut out) {}
+        out
+    }
+
+    #[test]
+    fn set_threshold_sends_small_jobs_to_the_cpu_and_the_rest_elsewhere() {
+        let (engines, lanes) = (engines(), lanes());
+        // Job 2 is large but only the cpu can run it; job 3 is small but only the
+        // kernel can.
+        let jobs = [job(100, 3), job(5000, 3), job(9000, 1), job(10, 2)];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = Threshold::fixed(1024).plan(&plan).unwrap();
+        assert!(!s.wants_timing());
+        assert_eq!(taken(s.as_ref(), 0), [0, 2]);
+        assert_eq!(taken(s.as_ref(), 1), [1, 3]);
+        // With one engine, everything goes to it.
+        let plan = Plan {
+            engines: &engines[..1],
+            lanes: &lanes[..1],
+            jobs: &jobs[..3],
+            ..plan
+        };
+        let s = Threshold::fixed(1024).plan(&plan).unwrap();
+        assert_eq!(taken(s.as_ref(), 0), [0, 1, 2]);
+    }
+
+    #[test]
+    fn calibrating_threshold_measures_first_then_splits_at_the_crossover() {
+        let (engines, lanes) = (engines(), lanes());
+        let jobs: Vec<JobMeta> = [64, 16384]
+            .iter()
+            .cycle()
+            .take(8)
+            .map(|&l| job(l, 3))
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let policy = Threshold::calibrating();
+        {
+            let s = policy.plan(&plan).unwrap();
+            assert!(s.wants_timing(), "nothing measured yet");
+            // Synthetic timings: the cpu is fast on 64 B and slow on 16 KiB, the
+            // kernel the other way round.
+            let ms = Duration::from_millis;
+            for lane in 0..2 {
+                for (j, meta) in jobs.iter().enumerate() {
+                    let fast = (meta.len == 64) == (lane == 0);
+                    let t = if fast { ms(1) } else { ms(10) };
+                    s.completed(lane, &[j], t, t);
+                }
+            }
+        }
+        let s = policy.plan(&plan).unwrap();
+        assert!(!s.wants_timing(), "both sizes measured on both engines");
+        let small: Vec<usize> = (0..8).filter(|j| j % 2 == 0).collect();
+        let large: Vec<usize> = (0..8).filter(|j| j % 2 == 1).collect();
+        assert_eq!(taken(s.as_ref(), 0), small);
+        assert_eq!(taken(s.as_ref(), 1), large);
     }
 }
