@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Barrier, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::cipher::{Cipher, Direction};
@@ -208,6 +208,7 @@ impl Dispatcher {
             schedule: schedule.as_ref(),
             keys: &self.keys,
             lane_count: lane_metas.len(),
+            start: Barrier::new(lane_metas.len()),
             remaining: AtomicUsize::new(0),
             late: Mutex::new(Vec::new()),
             quarantined: failed_before.iter().map(|&f| AtomicBool::new(f)).collect(),
@@ -358,6 +359,10 @@ struct Shared<'a> {
     keys: &'a KeyStore,
     /// Lanes in this batch.
     lane_count: usize,
+    /// Where every lane thread waits for the others before taking work, so the
+    /// threads spawned first do not empty a short batch's queue before the last
+    /// ones exist (that would skew who-did-what, the seeds' Table 3).
+    start: Barrier,
     /// Jobs without a result yet.
     remaining: AtomicUsize,
     /// Results made outside a lane's loop (jobs no working engine can run any more).
@@ -583,6 +588,8 @@ impl Shared<'_> {
         engine: &EngineRef,
         opened: Option<Box<dyn Lane>>,
     ) -> LaneEnd {
+        // First thing, before anything that could panic and leave the others waiting.
+        self.start.wait();
         let cpu_start = thread_cpu_time();
         let mut report = LaneReport {
             lane: meta.index,
