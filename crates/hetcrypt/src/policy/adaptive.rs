@@ -15,12 +15,12 @@
 //! included). That lets the cost of the clocks differ per lane: a software lane keeps
 //! its core busy for the whole job, so its CPU time is taken to be its wall time and
 //! only the cheap monotonic clock is read; a module lane also reads its thread's CPU
-//! clock, which the cost rule needs. On our host that clock is a real system call
-//! (0.85-2 µs per read, measured), as much as a whole small job on AES-NI — with
-//! `wants_timing`, `pull` ran 4,000 16-byte jobs ~1.7x slower in a same-run comparison.
-//! (A
-//! pull that ran re-dispatched jobs between two `next` calls is booked to the class the
-//! lane last took; that happens only after an engine failed.)
+//! clock, but only until the CPU lanes have measured how much module jobs slow them
+//! (the cost rule's stand-in needs it until then). On our host that clock is a real
+//! system call (0.85-2 µs per read, measured), as much as a whole small job on AES-NI:
+//! with `wants_timing`, `pull` ran 4,000 16-byte jobs ~1.7x slower in a same-run
+//! comparison. (A pull that ran re-dispatched jobs between two `next` calls is booked
+//! to the class the lane last took; that happens only after an engine failed.)
 //!
 //! A lane whose engine should not take any of the remaining work (a slow engine at the
 //! end of the batch, an engine whose jobs would cost the others more than they save)
@@ -444,6 +444,14 @@ impl View for AdaptiveSchedule {
 }
 
 impl AdaptiveSchedule {
+    /// Whether some working CPU engine has not yet measured how much other engines'
+    /// jobs slow it, so module lanes must still read their CPU clock.
+    fn cpu_clock_needed(&self) -> bool {
+        (0..self.alive.len()).any(|e| {
+            self.host_cpu[e] && self.lanes(e) > 0 && self.interference[e].slowdown().is_none()
+        })
+    }
+
     /// Whether another engine has a pull in progress, and how many pulls the other
     /// engines have started.
     fn others(&self, engine: usize) -> (bool, u64) {
@@ -533,7 +541,9 @@ impl AdaptiveSchedule {
 impl Schedule for AdaptiveSchedule {
     fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool {
         let engine = self.engine_of[lane];
-        let module = !self.host_cpu[engine];
+        // A module lane reads its thread's CPU clock only while the cost rule still
+        // relies on it (until the CPU engines have measured how much it slows them).
+        let module = !self.host_cpu[engine] && self.cpu_clock_needed();
         let now = Instant::now();
         let cpu_now = module.then(thread_cpu_time);
         let mut pull = lock(&self.pulls[lane]);
