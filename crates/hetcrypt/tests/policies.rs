@@ -399,3 +399,37 @@ fn no_policy_hands_a_job_to_an_engine_that_cannot_run_it() {
         }
     }
 }
+
+/// `threshold::calibrate` measures every probe size on both sides and picks one of them
+/// (timings decide which, so only the shape is checked); it refuses a dispatcher with a
+/// single engine.
+#[test]
+fn calibration_measures_each_size_on_each_side() {
+    use hetcrypt::policy::threshold::{self, PROBE_SIZES};
+    let (d, _) = dispatcher(two_cpus());
+    for direction in [Direction::Encrypt, Direction::Decrypt] {
+        let cal = threshold::calibrate(&d, Cipher::AES_128_GCM, direction).unwrap();
+        assert_eq!(
+            (cal.small.as_str(), cal.large.as_slice()),
+            ("cpu", &["cpu-b".to_string()][..])
+        );
+        assert_eq!(
+            cal.points.iter().map(|p| p.len).collect::<Vec<_>>(),
+            PROBE_SIZES
+        );
+        assert!(cal.points.iter().all(|p| p.small > 0.0 && p.large > 0.0));
+        assert!(
+            cal.threshold == 0
+                || cal.threshold == usize::MAX
+                || PROBE_SIZES.contains(&cal.threshold),
+            "{}",
+            cal.threshold
+        );
+        assert_eq!(cal.policy().name(), format!("threshold:{}", cal.threshold));
+    }
+    let (alone, _) = dispatcher(vec![CpuEngine::with_lanes(1).into_engine()]);
+    assert!(matches!(
+        threshold::calibrate(&alone, Cipher::AES_128_CBC, Direction::Encrypt),
+        Err(Error::Policy { .. })
+    ));
+}
