@@ -188,13 +188,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
     for t in &targets {
         let key_id = t.dispatcher.add_key(key.clone())?;
-        let engines = t
-            .dispatcher
-            .engines()
-            .iter()
-            .map(|e| format!("{} ({} lane{})", e.name(), e.lanes(), plural(e.lanes())))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let engines = match t.dispatcher.engines() {
+            // An engine's own row: its name is already the row's.
+            [one] if one.name() == t.name => format!("{} lane{}", one.lanes(), plural(one.lanes())),
+            all => all
+                .iter()
+                .map(|e| format!("{} ({} lane{})", e.name(), e.lanes(), plural(e.lanes())))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
         let mut cells = Vec::new();
         for &size in &args.sizes {
             let cell = measure(t, key_id, &key, cipher, direction, size, &args)?;
