@@ -19,9 +19,9 @@ use crate::key::{KeyId, KeyStore};
 pub use multibuf::MAX_CHAINS;
 
 /// How many CBC messages a lane encrypts in lockstep by default. Measured on our
-/// host (docs/performance.md): 4 chains already reach ~3.5x a single chain, 8 hide the
-/// AES-NI latency fully on the cores we know; wider batches add little here and make
-/// a lane hold more jobs at once, which coarsens the load balance between engines.
+/// host (docs/performance.md, `chains` sweep): 4 chains reach ~3.5x one chain, 8 reach
+/// 4.7-4.9x (1 KiB and 16 KiB jobs), 12 and 16 no more; wider batches also make a lane
+/// hold more jobs at once, which coarsens the load balance between engines.
 pub const DEFAULT_CHAINS: usize = 8;
 
 /// The OpenSSL cipher for one of ours.
