@@ -12,7 +12,9 @@
 //! cargo bench -p hetcrypt --bench targets -- --quick       # ~1 s smoke run (CI)
 //! cargo bench -p hetcrypt --bench targets -- --rounds 9 --seconds 0.5 --json out.jsonl
 //! ```
-//! `HETCRYPT_BENCH_QUICK=1` in the environment means `--quick`.
+//! `HETCRYPT_BENCH_QUICK=1` in the environment means `--quick`, and so does running
+//! the binary without cargo bench's `--bench` flag (e.g. `cargo test --benches`)
+//! unless `--full` is given.
 //!
 //! `--cpu-time` times both sides by CPU time instead of wall time (ours: the process's
 //! CPU clock; openssl: `openssl speed` without `-elapsed`, its default). On a shared,
@@ -63,7 +65,13 @@ impl Opts {
             json: None,
             cpu_time: false,
         };
-        let mut args = std::env::args().skip(1);
+        // `cargo bench` passes `--bench`; without it (`cargo test --benches`, or the
+        // binary run by hand) this is a smoke run unless `--full` says otherwise.
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if !args.iter().any(|a| a == "--bench" || a == "--full") {
+            opts.quick = true;
+        }
+        let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => opts.quick = true,
@@ -443,6 +451,15 @@ fn multibuf(opts: &mut Opts) {
             target: None,
             ..lane_row
         };
+        // The dispatcher writing into the previous batch's outputs
+        // (`Dispatcher::run_reusing`), as a caller that recycles its buffers would.
+        let mut reuse_row = Row {
+            name: format!("cbc encrypt {size}B jobs, pull reusing outputs vs openssl speed"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            ..lane_row
+        };
+        let mut recycled: Vec<JobOutput> = Vec::new();
         let mut ctx = keyed_evp(Cipher::AES_128_CBC, Direction::Encrypt);
         for _ in 0..opts.rounds {
             let ours = rate_on(opts.cpu_time, opts.seconds, bytes, || {
@@ -452,13 +469,17 @@ fn multibuf(opts: &mut Opts) {
                 let batch = dispatcher.run(&djobs, &Pull).expect("pull plans");
                 assert_eq!(batch.report.job_errors, 0);
             });
+            let reusing = rate_on(opts.cpu_time, opts.seconds, bytes, || {
+                recycled =
+                    recycle(dispatcher.run_reusing(&djobs, &Pull, std::mem::take(&mut recycled)));
+            });
             let bare = rate_on(opts.cpu_time, opts.seconds, bytes, || {
                 drop(bare_evp(&mut ctx, &djobs))
             });
             owned_row.ours.push(pulled);
             owned_row.base.push(bare);
             if opts.quick {
-                println!("multibuf  cbc {size}B: lane {ours:.3} GB/s, pull {pulled:.3} GB/s");
+                println!("multibuf  cbc {size}B: lane {ours:.3} GB/s, pull {pulled:.3} GB/s, reusing {reusing:.3} GB/s");
                 continue;
             }
             let Some(base) = openssl_speed(opts, "aes-128-cbc", false, size) else {
@@ -469,13 +490,26 @@ fn multibuf(opts: &mut Opts) {
             lane_row.base.push(base);
             pull_row.ours.push(pulled);
             pull_row.base.push(base);
+            reuse_row.ours.push(reusing);
+            reuse_row.base.push(base);
         }
         if !opts.quick {
             report(opts, &lane_row);
             report(opts, &pull_row);
+            report(opts, &reuse_row);
             report(opts, &owned_row);
         }
     }
+}
+
+/// A batch's outputs, to hand to the next batch as spare buffers.
+fn recycle(batch: hetcrypt::Result<hetcrypt::BatchResult>) -> Vec<JobOutput> {
+    batch
+        .expect("pull plans")
+        .outputs
+        .into_iter()
+        .map(|o| o.expect("bench job runs"))
+        .collect()
 }
 
 fn engine_batch(engine: &CpuEngine) -> usize {
@@ -689,24 +723,48 @@ fn split(opts: &mut Opts) {
         unit: "GB/s",
         target: Some(1.8),
     };
+    let mut reuse_row = Row {
+        name: format!(
+            "ctr {} MiB, 1 MiB pieces, outputs reused: 2 lanes vs 1",
+            total >> 20
+        ),
+        ours: Vec::new(),
+        base: Vec::new(),
+        ..row
+    };
+    let (mut spare1, mut spare2) = (Vec::new(), Vec::new());
     let reps = if opts.quick {
         1
     } else {
         opts.rounds.max(1) * 2
     };
+    let plain = |d: &Dispatcher, jobs: &[Job]| {
+        let batch = d.run(jobs, &Pull).expect("pull plans");
+        batch.report.bytes_per_second() / 1e9
+    };
+    let reusing = |d: &Dispatcher, jobs: &[Job], spare: &mut Vec<JobOutput>| {
+        let batch = d
+            .run_reusing(jobs, &Pull, std::mem::take(spare))
+            .expect("pull plans");
+        let rate = batch.report.bytes_per_second() / 1e9;
+        *spare = recycle(Ok(batch));
+        rate
+    };
     for round in 0..reps {
-        let time = |d: &Dispatcher, jobs: &[Job]| {
-            let r = d.run(jobs, &Pull).expect("pull plans");
-            r.report.bytes_per_second() / 1e9
-        };
+        // Alternate which lane count goes first.
         if round % 2 == 0 {
-            row.ours.push(time(&two, &jobs2));
-            row.base.push(time(&one, &jobs1));
+            row.ours.push(plain(&two, &jobs2));
+            row.base.push(plain(&one, &jobs1));
+            reuse_row.ours.push(reusing(&two, &jobs2, &mut spare2));
+            reuse_row.base.push(reusing(&one, &jobs1, &mut spare1));
         } else {
-            row.base.push(time(&one, &jobs1));
-            row.ours.push(time(&two, &jobs2));
+            row.base.push(plain(&one, &jobs1));
+            row.ours.push(plain(&two, &jobs2));
+            reuse_row.base.push(reusing(&one, &jobs1, &mut spare1));
+            reuse_row.ours.push(reusing(&two, &jobs2, &mut spare2));
         }
     }
+    report(opts, &reuse_row);
     report(opts, &row);
     let load: f64 = std::fs::read_to_string("/proc/loadavg")
         .ok()

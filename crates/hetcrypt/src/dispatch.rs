@@ -58,6 +58,10 @@ impl std::fmt::Debug for Dispatcher {
     }
 }
 
+/// Spare output buffers a lane takes from the shared pool per job slot at a time:
+/// enough to take the lock once per few pulls, few enough to share them out.
+const SPARE_TAKE: usize = 4;
+
 /// Extra room in a lane's result list beyond its even share of the batch, for the
 /// unevenness of pulling (a lane may take a few pulls more than its share).
 const MAX_PULL_SLACK: usize = 64;
@@ -131,6 +135,23 @@ impl Dispatcher {
     /// report. Job errors are per job; the call itself fails only if the policy
     /// cannot plan the batch.
     pub fn run(&self, jobs: &[Job], policy: &dyn Policy) -> Result<BatchResult> {
+        self.run_reusing(jobs, policy, Vec::new())
+    }
+
+    /// Like [`Dispatcher::run`], but the outputs are written into `spare` buffers (for
+    /// instance the outputs of an earlier batch the caller is done with) before any new
+    /// one is allocated. Every engine replaces a buffer's contents, so what a spare held
+    /// is never part of a result.
+    ///
+    /// Fresh output memory is not free: on our VM first-touching it cost more than
+    /// encrypting it with multi-buffer CBC (docs/performance.md), and the allocator
+    /// hands freed outputs back to the kernel between batches.
+    pub fn run_reusing(
+        &self,
+        jobs: &[Job],
+        policy: &dyn Policy,
+        spare: Vec<JobOutput>,
+    ) -> Result<BatchResult> {
         let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
         // Which engines support each (cipher, direction), asked once per pair rather
         // than once per job and engine: a batch may hold hundreds of thousands of jobs.
@@ -210,6 +231,7 @@ impl Dispatcher {
             lane_count: lane_metas.len(),
             start: Barrier::new(lane_metas.len()),
             remaining: AtomicUsize::new(0),
+            spare: Mutex::new(spare),
             late: Mutex::new(Vec::new()),
             quarantined: failed_before.iter().map(|&f| AtomicBool::new(f)).collect(),
             reasons: Mutex::new(vec![None; self.engines.len()]),
@@ -367,6 +389,9 @@ struct Shared<'a> {
     remaining: AtomicUsize,
     /// Results made outside a lane's loop (jobs no working engine can run any more).
     late: Mutex<Vec<(usize, Result<JobOutput>)>>,
+    /// Output buffers to write into before allocating new ones; lanes take them a
+    /// handful at a time.
+    spare: Mutex<Vec<JobOutput>>,
     /// Engines that had not failed when the batch began; a job none of them can run
     /// gets its error before the lanes start and is never re-dispatched.
     alive_at_start: EngineMask,
@@ -541,6 +566,13 @@ impl Shared<'_> {
         }
     }
 
+    /// Moves up to `n` spare output buffers into `out` (none once the pool is empty).
+    fn take_spare(&self, n: usize, out: &mut Vec<JobOutput>) {
+        let mut pool = lock(&self.spare);
+        let keep = pool.len().saturating_sub(n);
+        out.extend(pool.drain(keep..));
+    }
+
     /// Moves up to `max` re-dispatched jobs that `engine` can run into `out`.
     fn take_retry(&self, coord: &mut Coord, engine: usize, max: usize, out: &mut Vec<usize>) {
         let mut i = 0;
@@ -621,6 +653,9 @@ impl Shared<'_> {
         let timing = self.schedule.wants_timing();
         let mut picked: Vec<usize> = Vec::with_capacity(max);
         let mut outs: Vec<JobOutput> = vec![JobOutput::default(); max];
+        // Spare output buffers this lane took from the shared pool.
+        let mut spare: Vec<JobOutput> = Vec::new();
+        let mut spare_left = true;
         let mut results: Vec<Result<()>> = (0..max).map(|_| Ok(())).collect();
         let mut refs: Vec<&Job> = Vec::with_capacity(max);
         let mut policy_done = false;
@@ -645,6 +680,22 @@ impl Shared<'_> {
                 }
             }
 
+            // Give every empty output slot a spare buffer while the pool lasts.
+            if spare_left {
+                for out in outs[..picked.len()].iter_mut() {
+                    if out.data.capacity() > 0 {
+                        continue;
+                    }
+                    if spare.is_empty() {
+                        self.take_spare(picked.len() * SPARE_TAKE, &mut spare);
+                    }
+                    let Some(buf) = spare.pop() else {
+                        spare_left = false;
+                        break;
+                    };
+                    *out = buf;
+                }
+            }
             let started = Instant::now();
             let cpu_before = if timing {
                 thread_cpu_time()
@@ -741,6 +792,53 @@ mod tests {
                     .map(|o| usize::from_le_bytes(o.data[..8].try_into().unwrap()))
             })
             .collect()
+    }
+
+    #[test]
+    fn reused_buffers_give_the_same_outputs() {
+        use crate::engine::cpu::CpuEngine;
+        use crate::{Cipher, Direction, Key};
+        let d = Dispatcher::new(vec![CpuEngine::with_lanes(2).into_engine()]).unwrap();
+        let key = d.add_key(Key::new(vec![0x42; 16])).unwrap();
+        let ciphers = [
+            Cipher::AES_128_CBC,
+            Cipher::AES_128_CBC_PKCS7,
+            Cipher::AES_128_CTR,
+            Cipher::AES_128_GCM,
+        ];
+        let jobs: Vec<Job> = (0..200)
+            .map(|i| {
+                let cipher = ciphers[i % ciphers.len()];
+                let len = (i * 37 % 700) / 16 * 16
+                    + usize::from(cipher.mode != crate::Mode::Cbc) * (i % 16);
+                Job::with_iv(
+                    cipher,
+                    Direction::Encrypt,
+                    key,
+                    &[i as u8; 16][..cipher.iv_len()],
+                    vec![i as u8; len],
+                )
+                .unwrap()
+            })
+            .collect();
+        let fresh = d.run(&jobs, &crate::policy::Pull).unwrap().outputs;
+        for spares in [0, 50, 200, 400] {
+            // Spares full of junk, some longer and some shorter than the outputs.
+            let spare = (0..spares)
+                .map(|i| JobOutput {
+                    data: vec![0xa5; i * 13 % 2000],
+                    tag: Some([0x5a; 16]),
+                })
+                .collect();
+            let reused = d.run_reusing(&jobs, &crate::policy::Pull, spare).unwrap();
+            for (j, (a, b)) in fresh.iter().zip(&reused.outputs).enumerate() {
+                assert_eq!(
+                    a.as_ref().unwrap(),
+                    b.as_ref().unwrap(),
+                    "job {j}, {spares} spares"
+                );
+            }
+        }
     }
 
     #[test]
