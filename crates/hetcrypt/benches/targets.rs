@@ -780,6 +780,9 @@ fn split(opts: &mut Opts) {
     }
 }
 
+/// A section of the harness: runs and reports its pairs.
+type Section = fn(&mut Opts);
+
 fn main() {
     let mut opts = Opts::parse();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -803,7 +806,7 @@ fn main() {
         "{:9} {:44} {:>9} {:>9} {:4}  (medians; ratio = median of per-round ratios)",
         "section", "pair", "ours", "baseline", ""
     );
-    let sections: [(&str, fn(&mut Opts)); 5] = [
+    let sections: [(&str, Section); 5] = [
         ("engine", engine),
         ("multibuf", multibuf),
         ("chains", chains),

@@ -406,13 +406,16 @@ struct Shared<'a> {
     redispatched: AtomicUsize,
 }
 
+/// Results by job index, as a lane collects them.
+type ResultList = Vec<(usize, Result<JobOutput>)>;
+
 /// What a lane thread hands back when the batch ends.
 struct LaneEnd {
     report: LaneReport,
     /// The lane, to keep for the next batch (none if it could not be opened).
     lane: Option<Box<dyn Lane>>,
     /// The results of the jobs it ran, by job index.
-    done: Vec<(usize, Result<JobOutput>)>,
+    done: ResultList,
     /// Whether `done` is in job order (true unless it ran re-dispatched jobs or a
     /// policy handed jobs out of order).
     ascending: bool,
@@ -427,7 +430,7 @@ struct LaneEnd {
 /// queue order); otherwise the results are scattered into slots first.
 fn in_job_order(
     n: usize,
-    lists: Vec<(Vec<(usize, Result<JobOutput>)>, bool)>,
+    lists: Vec<(ResultList, bool)>,
     mut missing: impl FnMut(usize) -> Result<JobOutput>,
 ) -> (Vec<Result<JobOutput>>, usize) {
     let mut duplicates = 0;
