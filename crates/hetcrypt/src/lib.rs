@@ -46,3 +46,8 @@ pub use error::{Error, Result};
 pub use job::{Job, JobOutput, Tag, TAG_LEN};
 pub use key::{Key, KeyId, KeyStore};
 pub use report::Report;
+
+/// The README's Rust examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
