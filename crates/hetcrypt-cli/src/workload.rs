@@ -41,9 +41,9 @@ pub fn parse_count(s: &str) -> Result<u32, String> {
 pub fn human_size(n: usize) -> String {
     const KIB: usize = 1 << 10;
     const MIB: usize = 1 << 20;
-    if n >= MIB && n % (MIB / 4) == 0 {
+    if n >= MIB && n.is_multiple_of(MIB / 4) {
         format!("{} MiB", trim_float(n as f64 / MIB as f64))
-    } else if n >= KIB && n % (KIB / 4) == 0 {
+    } else if n >= KIB && n.is_multiple_of(KIB / 4) {
         format!("{} KiB", trim_float(n as f64 / KIB as f64))
     } else {
         format!("{n} B")

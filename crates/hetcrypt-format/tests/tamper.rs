@@ -108,7 +108,7 @@ fn truncation_at_every_boundary_and_inside_chunks() {
             let err = o.result.as_ref().expect_err(&what);
             let ok = if cut < 12 {
                 matches!(err, FormatError::NotHetcrypt)
-            } else if cut <= HEADER || (cut - HEADER) % full == 0 {
+            } else if cut <= HEADER || (cut - HEADER).is_multiple_of(full) {
                 matches!(err, FormatError::Truncated(_))
             } else {
                 // Cut inside a chunk: that chunk becomes a short, forged final chunk.

@@ -130,7 +130,7 @@ impl Job {
             (cipher.mode, self.direction),
             (crate::Mode::Cbc, _) | (crate::Mode::CbcPkcs7, Direction::Decrypt)
         );
-        if needs_blocks && self.input.len() % BLOCK_LEN != 0 {
+        if needs_blocks && !self.input.len().is_multiple_of(BLOCK_LEN) {
             return Err(Error::InputLength {
                 cipher,
                 len: self.input.len(),

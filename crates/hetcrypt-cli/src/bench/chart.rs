@@ -54,7 +54,7 @@ pub fn write(report: &BenchReport, svg: &Path, png: &Path) -> anyhow::Result<()>
 /// `8`, `1K`, `16K`: compact tick labels for the size axis.
 fn size_label(bytes: f64) -> String {
     let b = bytes.round() as usize;
-    if b >= 1024 && b % 1024 == 0 {
+    if b >= 1024 && b.is_multiple_of(1024) {
         format!("{}K", b / 1024)
     } else {
         b.to_string()

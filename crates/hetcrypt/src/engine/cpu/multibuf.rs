@@ -247,7 +247,7 @@ fn encrypt_all<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>, c
     blocks: &mut [Block; N],
 ) {
     let par = B::ParBlocksSize::USIZE;
-    if par > 1 && N % par == 0 {
+    if par > 1 && N.is_multiple_of(par) {
         for group in blocks.chunks_exact_mut(par) {
             backend.encrypt_par_blocks_inplace(
                 group.try_into().expect("chunks_exact gives whole groups"),
