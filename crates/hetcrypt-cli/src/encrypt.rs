@@ -19,7 +19,6 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use hetcrypt::engine::{self, EngineRef};
 use hetcrypt_format::{
     Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
     Stream,
@@ -28,8 +27,9 @@ use indicatif::ProgressBar;
 
 use self::io::{Input, Output};
 use self::plan::{Note, Way};
-use self::summary::{Summary, Unavailable};
+use self::summary::Summary;
 use crate::keygen::read_key_file;
+use crate::workload::{EngineOpts, EngineSet};
 
 /// Options both commands take.
 #[derive(clap::Args, Debug)]
@@ -230,43 +230,6 @@ fn human_error(e: &FormatError) -> String {
     }
 }
 
-/// The engines to use: those named, or every one this machine has.
-fn open_engines(names: &[String]) -> anyhow::Result<(Vec<EngineRef>, Vec<Unavailable>)> {
-    let mut ready = Vec::new();
-    let mut unavailable = Vec::new();
-    if names.is_empty() {
-        for found in engine::discover() {
-            match found {
-                Ok(e) => ready.push(e),
-                Err(hetcrypt::Error::EngineUnavailable { engine, reason }) => {
-                    unavailable.push(Unavailable { engine, reason })
-                }
-                Err(e) => unavailable.push(Unavailable {
-                    engine: "?".into(),
-                    reason: e.to_string(),
-                }),
-            }
-        }
-    } else {
-        for name in names {
-            match engine::by_name(name, None) {
-                Ok(e) => ready.push(e),
-                Err(hetcrypt::Error::EngineUnavailable { engine, reason }) => {
-                    bail!("engine {engine} is unavailable on this machine: {reason}")
-                }
-                Err(hetcrypt::Error::UnknownName { .. }) => {
-                    bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>)")
-                }
-                Err(e) => return Err(e).with_context(|| format!("cannot open engine {name}")),
-            }
-        }
-    }
-    if ready.is_empty() {
-        bail!("no engine is available");
-    }
-    Ok((ready, unavailable))
-}
-
 /// Runs `hetcrypt encrypt`.
 pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
@@ -305,7 +268,13 @@ fn run<S: FileStream>(
 ) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let policy = hetcrypt::policy::by_name(&args.policy).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (engines, unavailable) = open_engines(&args.engines)?;
+    let EngineSet {
+        ready: engines,
+        unavailable,
+    } = EngineSet::named_or_all(&args.engines, EngineOpts::default())?;
+    if engines.is_empty() {
+        bail!("no engine is available");
+    }
     let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
     let stdout_busy = plan.writes_stdout();

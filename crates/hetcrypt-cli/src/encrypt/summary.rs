@@ -34,15 +34,6 @@ pub fn progress(total: Option<u64>, hidden: bool) -> ProgressBar {
     bar
 }
 
-/// An engine that could not be used, and why.
-#[derive(Debug, Serialize)]
-pub struct Unavailable {
-    /// The engine.
-    pub engine: String,
-    /// Why.
-    pub reason: String,
-}
-
 /// The end-of-run summary.
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -56,7 +47,7 @@ pub struct Summary {
     /// The engines used.
     pub engines: Vec<String>,
     /// Engines this machine lacks (when none were named).
-    pub engines_unavailable: Vec<Unavailable>,
+    pub engines_unavailable: Vec<crate::workload::Unavailable>,
     /// Messages that went through.
     pub files_ok: usize,
     /// Messages that failed.
