@@ -128,7 +128,9 @@ pub trait Schedule: Send + Sync {
     /// Lane `lane` (index into [`Plan::lanes`]) is free: push at most `max` job indices
     /// into `out`. Return `false` when the policy has nothing more for this lane in
     /// this batch (it may still receive re-dispatched jobs from the dispatcher).
-    /// May block (e.g. waiting on a dispatcher thread).
+    /// May block (e.g. waiting on a dispatcher thread). The dispatcher calls it on the
+    /// lane's own thread, so a schedule may time a lane's work between two of its
+    /// calls (`adaptive` does).
     fn next(&self, lane: usize, max: usize, out: &mut Vec<usize>) -> bool;
 
     /// Whether [`Schedule::completed`] wants per-job timings (costs a clock read and
