@@ -37,6 +37,17 @@ const BALANCING: [&str; 4] = ["polling", "pull", "threshold", "adaptive"];
 /// what any sensible schedule gives it, and far above zero.
 const MIN_DEVICE_SHARE: f64 = 0.25;
 
+/// Policies that place jobs by costs they measure: they owe the device a share only
+/// when it measured clearly faster than the CPU in the same run (`pull` and `polling`
+/// give every free lane work whatever the speeds, so they always owe one).
+const MEASURING: [&str; 2] = ["threshold", "adaptive"];
+
+/// How much faster than the CPU alone the device alone must measure, in this run,
+/// before a measuring policy is held to MIN_DEVICE_SHARE. Below it the two are close
+/// enough (a loaded host once gave 2.13 vs 2.22 MB/s) that keeping the work on the
+/// CPU is a sound choice, and run-to-run noise (2-3x here) decides which looks faster.
+const CLEARLY_FASTER: f64 = 1.5;
+
 fn note(text: &str) {
     let _ = writeln!(std::io::stderr(), "{text}");
 }
@@ -246,6 +257,8 @@ fn balancing_policies_give_the_device_a_share_of_16k_cbc_jobs() {
         reference.report.bytes_per_second() / 1e6,
         device_alone.report.bytes_per_second() / 1e6
     ));
+    let device_speedup =
+        device_alone.report.bytes_per_second() / reference.report.bytes_per_second().max(1.0);
     for name in POLICIES {
         if name == "only:cpu" {
             continue;
@@ -276,10 +289,18 @@ fn balancing_policies_give_the_device_a_share_of_16k_cbc_jobs() {
             r.bytes_per_second() / 1e6
         ));
         if soft_profile() && BALANCING.contains(&name) {
-            assert!(
-                share >= MIN_DEVICE_SHARE,
-                "{name}: in the soft profile the device took only {device}/{JOBS} jobs"
-            );
+            if MEASURING.contains(&name) && device_speedup < CLEARLY_FASTER {
+                note(&format!(
+                    "{name}: device share not checked: the device alone measured \
+                     {device_speedup:.2}x the CPU alone in this run (below {CLEARLY_FASTER}x)"
+                ));
+            } else {
+                assert!(
+                    share >= MIN_DEVICE_SHARE,
+                    "{name}: in the soft profile the device took only {device}/{JOBS} jobs \
+                     (device alone {device_speedup:.2}x the CPU alone in this run)"
+                );
+            }
         }
         if name == "round-robin" {
             assert_eq!(device, JOBS / 2, "{name}: dealt 1:1");
