@@ -31,26 +31,11 @@ impl GroupedQueue {
         indices: impl IntoIterator<Item = usize>,
         allowed: EngineMask,
     ) -> Self {
-        let mut groups: Vec<Group> = Vec::new();
-        for i in indices {
-            let engines = jobs[i].engines.intersect(allowed);
-            if engines.is_empty() {
-                continue;
-            }
-            match groups.iter_mut().find(|g| g.engines == engines) {
-                Some(g) => g.jobs.push(i),
-                None => groups.push(Group {
-                    engines,
-                    jobs: vec![i],
-                    next: AtomicUsize::new(0),
-                }),
-            }
-        }
-        groups.sort_by_key(|g| g.engines.count());
-        GroupedQueue {
-            groups,
-            failed: AtomicU64::new(0),
-        }
+        Self::from_masks(
+            indices
+                .into_iter()
+                .map(|i| (i, jobs[i].engines.intersect(allowed))),
+        )
     }
 
     /// Queues each `(job index, engines)` pair with its own engine set (a policy that
