@@ -81,7 +81,7 @@ pub fn offload_drivers() -> Vec<String> {
     let mut drivers: Vec<String> = entries
         .iter()
         .filter(|e| {
-            ["cbc(aes)", "ctr(aes)", "gcm(aes)"].contains(&e.name.as_str())
+            ALGORITHMS.iter().any(|(name, _, _)| *name == e.name)
                 && !e.internal
                 && e.is_offload(&entries)
         })
