@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Barrier, Condvar, Mutex, MutexGuard};
+use std::sync::{Barrier, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cipher::{Cipher, Direction};
@@ -41,6 +41,11 @@ pub struct Dispatcher {
     lanes: Mutex<LaneCache>,
     /// Per engine: why it was quarantined.
     failed: Mutex<Vec<Option<String>>>,
+    /// Held shared by every running batch and exclusively by key removal, so a key
+    /// is never removed while a batch may still look it up.
+    batch_gate: RwLock<()>,
+    /// Keys removed whose cached lane state has not been dropped yet.
+    forgotten: Mutex<Vec<KeyId>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -57,6 +62,11 @@ impl std::fmt::Debug for Dispatcher {
             .finish_non_exhaustive()
     }
 }
+
+/// Removed keys that make the dispatcher ask every cached lane to forget them: enough
+/// that lanes which cannot forget selectively (they are closed and reopened) are not
+/// reopened for every file of a tree, few enough that per-key caches stay small.
+const FORGET_AFTER: usize = 64;
 
 /// Spare output buffers a lane takes from the shared pool per job slot at a time:
 /// enough to take the lock once per few pulls, few enough to share them out.
@@ -104,6 +114,8 @@ impl Dispatcher {
             keys: KeyStore::new(),
             lanes: Mutex::new(lanes),
             failed: Mutex::new(failed),
+            batch_gate: RwLock::new(()),
+            forgotten: Mutex::new(Vec::new()),
         })
     }
 
@@ -120,6 +132,27 @@ impl Dispatcher {
     /// Registers a key for jobs to refer to.
     pub fn add_key(&self, key: Key) -> Result<KeyId> {
         self.keys.add(key)
+    }
+
+    /// Removes a registered key, zeroizing it, once no batch is running (it waits for
+    /// running batches to end: their lanes may still look the key up). Jobs naming it
+    /// fail with [`Error::UnknownKey`] from then on, and its id is never reused. The
+    /// lanes' per-key state (contexts, sockets) is dropped every few dozen removals.
+    pub fn remove_key(&self, id: KeyId) -> Result<()> {
+        let _no_batch = self.batch_gate.write().unwrap_or_else(|e| e.into_inner());
+        self.keys.remove(id)?;
+        let mut forgotten = lock(&self.forgotten);
+        forgotten.push(id);
+        if forgotten.len() >= FORGET_AFTER {
+            // No batch runs, so every opened lane is here.
+            for lane in lock(&self.lanes).iter_mut().flatten() {
+                if lane.as_mut().is_some_and(|l| !l.forget_keys(&forgotten)) {
+                    *lane = None;
+                }
+            }
+            forgotten.clear();
+        }
+        Ok(())
     }
 
     /// Engines quarantined so far, with the reason.
@@ -152,10 +185,12 @@ impl Dispatcher {
         policy: &dyn Policy,
         spare: Vec<JobOutput>,
     ) -> Result<BatchResult> {
+        let _batch = self.batch_gate.read().unwrap_or_else(|e| e.into_inner());
         let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
-        // Which engines support each (cipher, direction), asked once per pair rather
-        // than once per job and engine: a batch may hold hundreds of thousands of jobs.
-        let mut support: Vec<(Cipher, Direction, EngineMask)> = Vec::new();
+        // Which engines support each (cipher, direction), and up to what job size,
+        // asked once per pair rather than once per job and engine: a batch may hold
+        // hundreds of thousands of jobs.
+        let mut support: Vec<Support> = Vec::new();
         let mut alive = EngineMask::default();
         for (e, _) in failed_before.iter().enumerate().filter(|(_, &f)| !f) {
             alive.insert(e);
@@ -165,28 +200,46 @@ impl Dispatcher {
         // before any lane starts, as no engine that still works can run them.
         let mut unrunnable: Vec<(usize, Result<JobOutput>)> = Vec::new();
         let mut bytes = 0u64;
+        // Per job: its (cipher, direction) pair, as an index into `support`.
+        let mut classes: Vec<u16> = Vec::with_capacity(jobs.len());
+        // The last key found registered: runs of jobs share a key, so the store is
+        // asked once per run. A removed key's contexts may still sit in a lane's cache;
+        // its jobs must fail all the same.
+        let mut known_key: Option<KeyId> = None;
         let metas: Vec<JobMeta> = jobs
             .iter()
             .enumerate()
             .map(|(i, job)| {
-                let known = support
-                    .iter()
-                    .find(|(c, d, _)| (*c, *d) == (job.cipher, job.direction));
-                let engines = match known {
-                    Some(&(_, _, mask)) => mask,
+                let pair = (job.cipher, job.direction);
+                let k = match support.iter().position(|s| s.pair == pair) {
+                    Some(k) => k,
                     None => {
-                        let mut mask = EngineMask::default();
-                        for (i, e) in self.engines.iter().enumerate() {
-                            if e.supports(job.cipher, job.direction) {
-                                mask.insert(i);
-                            }
-                        }
-                        support.push((job.cipher, job.direction, mask));
-                        mask
+                        support.push(Support::of(&self.engines, pair));
+                        support.len() - 1
                     }
                 };
+                let known = &support[k];
+                classes.push(u16::try_from(k).expect("fewer pairs than ciphers x directions"));
+                let engines = known.for_len(job.input.len() + job.aad.len());
+                if known_key != Some(job.key) {
+                    if self.keys.contains(job.key) {
+                        known_key = Some(job.key);
+                    } else {
+                        unrunnable.push((i, Err(Error::UnknownKey(job.key.0))));
+                        bytes += job.len() as u64;
+                        return JobMeta {
+                            len: job.len(),
+                            cipher: job.cipher,
+                            direction: job.direction,
+                            engines: EngineMask::default(),
+                        };
+                    }
+                }
                 if engines.intersect(alive).is_empty() {
-                    unrunnable.push((i, Err(Error::NoEngine { cipher: job.cipher })));
+                    let error = known
+                        .too_large(job, &self.engines, alive)
+                        .unwrap_or(Error::NoEngine { cipher: job.cipher });
+                    unrunnable.push((i, Err(error)));
                 }
                 bytes += job.len() as u64;
                 JobMeta {
@@ -205,7 +258,12 @@ impl Dispatcher {
                 name: e.name().to_string(),
                 kind: e.info().kind,
                 lanes: if failed_before[i] { 0 } else { e.lanes() },
-                max_batch: e.max_batch().max(1),
+                max_batch: support
+                    .iter()
+                    .filter(|s| s.engines.contains(i))
+                    .map(|s| s.widths[i])
+                    .max()
+                    .unwrap_or(1),
                 uses_host_cpu: e.uses_host_cpu(),
             })
             .collect();
@@ -222,8 +280,11 @@ impl Dispatcher {
             cores,
         })?;
 
+        let widths: Vec<Vec<usize>> = support.iter().map(|s| s.widths.clone()).collect();
         let shared = Shared {
             jobs,
+            classes: &classes,
+            widths: &widths,
             alive_at_start: alive,
             metas: &metas,
             schedule: schedule.as_ref(),
@@ -300,10 +361,18 @@ impl Dispatcher {
             lists.push((end.done, end.ascending));
         }
         let (outputs, duplicates) = in_job_order(jobs.len(), lists, |j| {
-            Err(Error::Policy {
+            // A policy that keeps jobs to some engines (`only:<engine>`) has no lane
+            // for a job above those engines' size limit: say so.
+            let job = &jobs[j];
+            let pair = (job.cipher, job.direction);
+            let excluded = support
+                .iter()
+                .find(|s| s.pair == pair)
+                .and_then(|s| s.too_large(job, &self.engines, EngineMask(u64::MAX)));
+            Err(excluded.unwrap_or_else(|| Error::Policy {
                 policy: policy.name(),
                 reason: format!("no lane was given this {} job", metas[j].cipher),
-            })
+            }))
         });
         debug_assert_eq!(duplicates, 0, "a job was completed twice");
 
@@ -363,6 +432,71 @@ impl Dispatcher {
     }
 }
 
+/// Which engines run one (cipher, direction), and the size limits some declare.
+struct Support {
+    pair: (Cipher, Direction),
+    /// Engines that support the pair, whatever the job size.
+    engines: EngineMask,
+    /// Engines among them with a largest job (input plus AAD, bytes), by index.
+    limits: Vec<(usize, usize)>,
+    /// Per engine: how many jobs of the pair a lane takes in one pull (1 to its
+    /// `max_batch`; 1 where it does not support the pair).
+    widths: Vec<usize>,
+}
+
+impl Support {
+    /// Asks every engine once.
+    fn of(engines: &[EngineRef], pair: (Cipher, Direction)) -> Self {
+        let mut mask = EngineMask::default();
+        let mut limits = Vec::new();
+        let mut widths = vec![1; engines.len()];
+        for (i, e) in engines.iter().enumerate() {
+            if e.supports(pair.0, pair.1) {
+                mask.insert(i);
+                if let Some(max) = e.max_job_len(pair.0, pair.1) {
+                    limits.push((i, max));
+                }
+                widths[i] = e.batch_width(pair.0, pair.1).clamp(1, e.max_batch().max(1));
+            }
+        }
+        Support {
+            pair,
+            engines: mask,
+            limits,
+            widths,
+        }
+    }
+
+    /// The engines that can run a job of `len` bytes (input plus AAD).
+    fn for_len(&self, len: usize) -> EngineMask {
+        let mut mask = self.engines;
+        for &(e, max) in &self.limits {
+            if len > max {
+                mask.0 &= !(1u64 << e);
+            }
+        }
+        mask
+    }
+
+    /// The error for `job` being above the size limit of engines of `among` that
+    /// support its cipher: it names the one that takes the largest jobs. `None` if the
+    /// job is within every such limit.
+    fn too_large(&self, job: &Job, engines: &[EngineRef], among: EngineMask) -> Option<Error> {
+        let len = job.input.len() + job.aad.len();
+        let (engine, max) = self
+            .limits
+            .iter()
+            .filter(|&&(e, max)| among.contains(e) && len > max)
+            .max_by_key(|&&(_, max)| max)?;
+        Some(Error::TooLarge {
+            cipher: job.cipher,
+            engine: engines[*engine].name().to_string(),
+            len,
+            max: *max,
+        })
+    }
+}
+
 /// Coordination state behind one lock: the re-dispatch queue and who is still working.
 struct Coord {
     /// Jobs taken back from a failed engine, waiting for a lane that can run them.
@@ -376,6 +510,10 @@ struct Coord {
 /// What the lane threads of one batch share.
 struct Shared<'a> {
     jobs: &'a [Job],
+    /// Per job: its (cipher, direction) class, an index into `widths`.
+    classes: &'a [u16],
+    /// Per class, per engine: jobs a lane takes in one pull.
+    widths: &'a [Vec<usize>],
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
@@ -652,15 +790,26 @@ impl Shared<'_> {
                 }
             },
         };
-        let max = engine.max_batch().max(1);
+        // Room for the widest pull any class may ask; each pull then asks for as many
+        // jobs as the class of the job this lane took last wants (the queue hands out
+        // jobs in order, so the next is most likely of the same class), starting from
+        // the widest class of the batch this engine runs.
+        let cap = engine.max_batch().max(1);
+        let mut max = self
+            .widths
+            .iter()
+            .map(|w| w[meta.engine])
+            .max()
+            .unwrap_or(1)
+            .min(cap);
         let timing = self.schedule.wants_timing();
-        let mut picked: Vec<usize> = Vec::with_capacity(max);
-        let mut outs: Vec<JobOutput> = vec![JobOutput::default(); max];
+        let mut picked: Vec<usize> = Vec::with_capacity(cap);
+        let mut outs: Vec<JobOutput> = vec![JobOutput::default(); cap];
         // Spare output buffers this lane took from the shared pool.
         let mut spare: Vec<JobOutput> = Vec::new();
         let mut spare_left = true;
-        let mut results: Vec<Result<()>> = (0..max).map(|_| Ok(())).collect();
-        let mut refs: Vec<&Job> = Vec::with_capacity(max);
+        let mut results: Vec<Result<()>> = (0..cap).map(|_| Ok(())).collect();
+        let mut refs: Vec<&Job> = Vec::with_capacity(cap);
         let mut policy_done = false;
         loop {
             if self.quarantined[meta.engine].load(Ordering::Acquire) {
@@ -681,6 +830,10 @@ impl Shared<'_> {
                 if picked.is_empty() {
                     continue;
                 }
+            }
+
+            if let Some(&last) = picked.last() {
+                max = self.widths[usize::from(self.classes[last])][meta.engine].min(cap);
             }
 
             // Give every empty output slot a spare buffer while the pool lasts.

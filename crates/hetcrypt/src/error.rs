@@ -92,9 +92,12 @@ pub enum Error {
         /// The most it takes.
         max: usize,
     },
-    /// A job names a key id that was never registered.
+    /// A job names a key id that was never registered, or was removed.
     #[error("unknown key id {0}")]
     UnknownKey(u32),
+    /// A key store has handed out every key id (ids are never reused).
+    #[error("no key ids left: 2^32 keys were registered in this key store")]
+    TooManyKeys,
     /// Authentication failed (GCM tag mismatch, bad padding). Deliberately opaque.
     #[error("authentication failed")]
     AuthenticationFailed,

@@ -46,9 +46,19 @@ impl fmt::Debug for Key {
 pub struct KeyId(pub u32);
 
 /// The keys a dispatcher's lanes may use. Lanes look a key up only on a cache miss.
+///
+/// Ids are never reused: a removed key's id stays unknown, so a lane's context cached
+/// for it can never be mistaken for another key's.
 #[derive(Debug, Default)]
 pub struct KeyStore {
-    keys: RwLock<HashMap<KeyId, Key>>,
+    keys: RwLock<Keys>,
+}
+
+#[derive(Debug, Default)]
+struct Keys {
+    map: HashMap<KeyId, Key>,
+    /// The id the next key gets.
+    next: u32,
 }
 
 impl KeyStore {
@@ -64,14 +74,72 @@ impl KeyStore {
             return Err(Error::InvalidKey { len: key.len() });
         }
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        let id = KeyId(u32::try_from(keys.len()).unwrap_or(u32::MAX));
-        keys.insert(id, key);
+        let id = KeyId(keys.next);
+        keys.next = keys.next.checked_add(1).ok_or(Error::TooManyKeys)?;
+        keys.map.insert(id, key);
         Ok(id)
+    }
+
+    /// Removes a key; its bytes are zeroized as it drops. Jobs that name it fail with
+    /// [`Error::UnknownKey`] from then on. A key of a [`crate::Dispatcher`] should be
+    /// removed through [`crate::Dispatcher::remove_key`], which waits for a running
+    /// batch to end (a lane looks a key up whenever its cache misses).
+    pub fn remove(&self, id: KeyId) -> Result<()> {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.map
+            .remove(&id)
+            .map(drop)
+            .ok_or(Error::UnknownKey(id.0))
+    }
+
+    /// Whether `id` names a registered key (not removed).
+    pub fn contains(&self, id: KeyId) -> bool {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.map.contains_key(&id)
+    }
+
+    /// Number of keys registered and not removed.
+    pub fn len(&self) -> usize {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .len()
+    }
+
+    /// Whether no key is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Calls `f` with the key's bytes (the bytes never leave the store's lock).
     pub fn with_key<T>(&self, id: KeyId, f: impl FnOnce(&Key) -> T) -> Result<T> {
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
-        keys.get(&id).map(f).ok_or(Error::UnknownKey(id.0))
+        keys.map.get(&id).map(f).ok_or(Error::UnknownKey(id.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removed_keys_are_gone_and_their_ids_never_come_back() {
+        let store = KeyStore::new();
+        let a = store.add(Key::new(vec![1; 16])).unwrap();
+        let b = store.add(Key::new(vec![2; 32])).unwrap();
+        assert_eq!(store.len(), 2);
+        store.remove(a).unwrap();
+        assert!(matches!(store.with_key(a, |_| ()), Err(Error::UnknownKey(id)) if id == a.0));
+        assert!(matches!(store.remove(a), Err(Error::UnknownKey(_))));
+        assert_eq!(store.with_key(b, |k| k.as_bytes()[0]).unwrap(), 2);
+        // A new key never takes the removed one's id (lanes cache contexts by id).
+        let c = store.add(Key::new(vec![3; 16])).unwrap();
+        assert!(c != a && c != b);
+        assert_eq!(store.len(), 2);
+        assert!(matches!(
+            store.with_key(a, |_| ()),
+            Err(Error::UnknownKey(_))
+        ));
     }
 }

@@ -414,9 +414,13 @@ fn many_keys_cycle_through_the_bounded_context_cache() {
     }
 }
 
+/// A GCM job past the kernel engine's GCM limit (about 200 KiB with the default
+/// socket buffers): 1 MiB.
+const BIG: usize = 1 << 20;
+
 #[test]
-fn large_gcm_jobs_run_whole_or_are_refused_as_too_large() {
-    if !in_testbed("large_gcm_jobs_run_whole_or_are_refused_as_too_large") {
+fn gcm_limit_is_declared_and_exact_and_skcipher_has_none() {
+    if !in_testbed("gcm_limit_is_declared_and_exact_and_skcipher_has_none") {
         return;
     }
     let engine = engines().remove(0);
@@ -424,29 +428,150 @@ fn large_gcm_jobs_run_whole_or_are_refused_as_too_large() {
     let key_bytes = vec![5u8; 16];
     let key = keys.add(Key::new(key_bytes.clone())).expect("valid key");
     let mut lane = engine.open_lane(0).expect("lane opens");
-    // 1 MiB: past the default socket buffers (208 KiB); as root in the guest the engine
-    // may grow them, else it must refuse the job with TooLarge (never block).
-    let job = Job::with_iv(
-        Cipher::AES_128_GCM,
-        Direction::Encrypt,
-        key,
-        &[1; 12],
-        bytes(1 << 20, 1),
-    )
-    .expect("nonce fits");
-    let mut out = JobOutput::default();
-    match lane.run(&job, &keys, &mut out) {
-        Ok(()) => {
-            let want = reference(&job, &key_bytes).expect("openssl");
-            assert!(
-                out.data == want.data && out.tag == want.tag,
-                "1 MiB gcm differs"
-            );
+    for direction in [Direction::Encrypt, Direction::Decrypt] {
+        let max = engine
+            .max_job_len(Cipher::AES_128_GCM, direction)
+            .expect("the kernel engine declares a GCM limit");
+        eprintln!("kernel: largest GCM {direction} job {max} bytes");
+        assert!(
+            max >= 64 * 1024,
+            "limit {max} too small to be the socket buffers"
+        );
+        // A job of exactly the declared limit runs (the limit is not too generous)...
+        let aad = bytes(100, 9);
+        let plain = bytes(max - aad.len(), 2);
+        let mut tag = [0u8; TAG_LEN];
+        let sealed = symm::encrypt_aead(
+            symm::Cipher::aes_128_gcm(),
+            &key_bytes,
+            Some(&[3; 12]),
+            &aad,
+            &plain,
+            &mut tag,
+        )
+        .expect("openssl");
+        let input = match direction {
+            Direction::Encrypt => plain.clone(),
+            Direction::Decrypt => sealed.clone(),
+        };
+        let mut job =
+            Job::with_iv(Cipher::AES_128_GCM, direction, key, &[3; 12], input).expect("nonce fits");
+        job.aad = aad;
+        if direction == Direction::Decrypt {
+            job.tag = Some(tag);
         }
-        Err(Error::TooLarge { len, max, .. }) => {
-            assert_eq!(len, 1 << 20);
-            assert!(max >= 64 * 1024, "limit {max} too small");
+        check(
+            &mut *lane,
+            &keys,
+            &job,
+            &key_bytes,
+            &format!("GCM {direction} at the limit"),
+        );
+        // ... and one byte more is refused with that limit, without touching the kernel.
+        job.input.push(0);
+        let mut out = JobOutput::default();
+        match lane.run(&job, &keys, &mut out) {
+            Err(Error::TooLarge { len, max: m, .. }) => assert_eq!((len, m), (max + 1, max)),
+            other => panic!("GCM {direction} one byte past the limit: {other:?}"),
         }
-        Err(e) => panic!("1 MiB gcm: {e}"),
     }
+    // CBC and CTR are streamed in requests with the IV/counter carried over: no limit,
+    // and 1 MiB runs on the lane.
+    for cipher in [Cipher::AES_128_CBC, Cipher::AES_128_CTR] {
+        assert_eq!(
+            engine.max_job_len(cipher, Direction::Encrypt),
+            None,
+            "{cipher}"
+        );
+        let job = Job::with_iv(cipher, Direction::Encrypt, key, &[4; 16], bytes(BIG, 3))
+            .expect("iv fits");
+        check(
+            &mut *lane,
+            &keys,
+            &job,
+            &key_bytes,
+            &format!("{cipher} 1 MiB"),
+        );
+    }
+}
+
+#[test]
+fn big_gcm_jobs_go_to_the_cpu_under_pull_and_fail_clearly_on_the_kernel_alone() {
+    use hetcrypt::engine::cpu::CpuEngine;
+    use hetcrypt::policy::{Only, Pull};
+    use hetcrypt::Dispatcher;
+    if !in_testbed("big_gcm_jobs_go_to_the_cpu_under_pull_and_fail_clearly_on_the_kernel_alone") {
+        return;
+    }
+    let kernel = engines().remove(0);
+    let limit = kernel
+        .max_job_len(Cipher::AES_128_GCM, Direction::Encrypt)
+        .expect("the kernel engine declares a GCM limit");
+    let d =
+        Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine(), kernel]).expect("two engines");
+    let key_bytes = vec![6u8; 16];
+    let key = d.add_key(Key::new(key_bytes.clone())).expect("valid key");
+    // One 1 MiB job among small ones the kernel may take.
+    let jobs: Vec<Job> = (0..40)
+        .map(|i| {
+            let len = if i == 7 { BIG } else { 16 * 1024 };
+            Job::with_iv(
+                Cipher::AES_128_GCM,
+                Direction::Encrypt,
+                key,
+                &[i as u8; 12],
+                bytes(len, i),
+            )
+            .expect("nonce fits")
+        })
+        .collect();
+    let small_bytes = 39 * 16 * 1024;
+
+    let batch = d.run(&jobs, &Pull).expect("pull plans");
+    for (i, (out, job)) in batch.outputs.iter().zip(&jobs).enumerate() {
+        let out = out
+            .as_ref()
+            .unwrap_or_else(|e| panic!("pull: job {i}: {e}"));
+        let want = reference(job, &key_bytes).expect("openssl");
+        assert!(
+            out.data == want.data && out.tag == want.tag,
+            "pull: job {i} differs"
+        );
+    }
+    let r = &batch.report;
+    let (cpu, kern) = (&r.engines[0], &r.engines[1]);
+    eprintln!(
+        "pull, 1 MiB + 39 x 16 KiB GCM: cpu {} jobs {} B, kernel {} jobs {} B",
+        cpu.jobs, cpu.bytes, kern.jobs, kern.bytes
+    );
+    assert_eq!((r.job_errors, r.redispatched), (0, 0));
+    assert!(kern.bytes <= small_bytes, "the kernel ran the 1 MiB job");
+    assert!(cpu.bytes >= BIG as u64, "the cpu did not run the 1 MiB job");
+
+    let batch = d
+        .run(&jobs, &Only::new("kernel"))
+        .expect("only:kernel plans");
+    for (i, out) in batch.outputs.iter().enumerate() {
+        match (i, out) {
+            (
+                7,
+                Err(
+                    e @ Error::TooLarge {
+                        engine, len, max, ..
+                    },
+                ),
+            ) => {
+                assert_eq!((engine.as_str(), *len, *max), ("kernel", BIG, limit));
+                eprintln!("only:kernel, 1 MiB GCM job: {e}");
+            }
+            (7, other) => panic!("only:kernel: the 1 MiB job: {other:?}"),
+            (_, Ok(_)) => {}
+            (_, Err(e)) => panic!("only:kernel: job {i}: {e}"),
+        }
+    }
+    assert_eq!(
+        batch.report.engines[0].jobs, 0,
+        "cpu ran jobs under only:kernel"
+    );
+    assert_eq!(batch.report.engines[1].jobs, 39);
 }

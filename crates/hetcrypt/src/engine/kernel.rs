@@ -6,6 +6,12 @@
 //! `/proc/crypto` says that driver implements. What is usable is probed when the engine
 //! opens; an engine with nothing usable is unavailable, with the reason.
 //!
+//! CBC and CTR jobs of any size are streamed as several requests, the IV or counter
+//! carried from one to the next. A GCM request cannot be cut and must fit the socket
+//! buffers whole, so the engine declares its largest GCM job
+//! ([`Engine::max_job_len`], read from a probe socket's `SO_SNDBUF`/`SO_RCVBUF`) and
+//! the dispatcher sends larger ones elsewhere.
+//!
 //! A device can vanish mid-batch (hot-unplug). The first error of that kind poisons the
 //! whole engine: every lane returns [`Error::EngineFailed`] from then on without
 //! touching the kernel again, because a second request on a socket whose device is
@@ -103,6 +109,10 @@ struct Served {
     modes: &'static [Mode],
     /// Key sizes the driver accepted when probed.
     key_sizes: Vec<KeySize>,
+    /// For an AEAD: most input and output bytes of one request, read from an operation
+    /// socket when probed (an AEAD request cannot be cut; skcipher jobs are streamed
+    /// in requests of any size, so they have no limit).
+    request_limits: Option<(usize, usize)>,
     /// The driver that serves it, from `/proc/crypto` (absent if not listed).
     entry: Option<AlgEntry>,
     /// Whether that driver runs on a separate device.
@@ -237,18 +247,60 @@ fn probe_key_sizes(ty: AlgType, bind_name: &str) -> std::result::Result<Vec<KeyS
         .collect())
 }
 
+/// Most input and output bytes of one request on a fresh operation socket of
+/// `bind_name` (keyed with zeros of `key_size`), as every lane's sockets will have
+/// them: the socket buffers come from `net.core.wmem_default` / `rmem_default`.
+fn probe_request_limits(
+    ty: AlgType,
+    bind_name: &str,
+    key_size: KeySize,
+) -> std::result::Result<(usize, usize), SysError> {
+    /// A key of zeros: the probe only opens a socket to read its buffer sizes.
+    const PROBE_KEY: [u8; 32] = [0; 32];
+    let tfm = Tfm::bind(ty, bind_name)?;
+    tfm.set_key(&PROBE_KEY[..key_size.key_len()])?;
+    if ty == AlgType::Aead {
+        tfm.set_aead_tag_len(TAG_LEN)?;
+    }
+    tfm.accept()?.limits()
+}
+
+/// The request limits of an AEAD algorithm (`None` for skcipher, which has none).
+fn aead_limits(
+    ty: AlgType,
+    bind_name: &str,
+    key_sizes: &[KeySize],
+) -> std::result::Result<Option<(usize, usize)>, SysError> {
+    match (ty, key_sizes.first()) {
+        (AlgType::Aead, Some(&key_size)) => probe_request_limits(ty, bind_name, key_size).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The largest GCM job (AAD plus input) that fits one request within `limits`
+/// (input, output bytes): the tag travels in when decrypting and out when encrypting.
+fn aead_max_len(limits: (usize, usize), direction: Direction) -> usize {
+    match direction {
+        Direction::Encrypt => limits.0.min(limits.1.saturating_sub(TAG_LEN)),
+        Direction::Decrypt => limits.0.saturating_sub(TAG_LEN).min(limits.1),
+    }
+}
+
 /// The `kernel` engine's algorithms: each generic name that binds.
 fn probe_generic() -> std::result::Result<Vec<Served>, String> {
     let mut served = Vec::new();
     let mut missing = Vec::new();
     for (algorithm, ty, modes) in ALGORITHMS {
-        match probe_key_sizes(ty, algorithm) {
-            Ok(key_sizes) if !key_sizes.is_empty() => served.push(Served {
+        match probe_key_sizes(ty, algorithm).and_then(|key_sizes| {
+            aead_limits(ty, algorithm, &key_sizes).map(|limits| (key_sizes, limits))
+        }) {
+            Ok((key_sizes, request_limits)) if !key_sizes.is_empty() => served.push(Served {
                 algorithm,
                 ty,
                 bind_name: algorithm.to_string(),
                 modes,
                 key_sizes,
+                request_limits,
                 entry: None,
                 offload: false,
                 watch: DeviceWatch::default(),
@@ -315,6 +367,8 @@ fn probe_driver(driver: &str) -> std::result::Result<Vec<Served>, String> {
     if key_sizes.is_empty() {
         return Err(format!("driver '{driver}' accepts no AES key size"));
     }
+    let request_limits =
+        aead_limits(ty, driver, &key_sizes).map_err(|e| format!("driver '{driver}': {e}"))?;
     let offload = entry.is_offload(&entries);
     let watch = if offload {
         DeviceWatch::for_module(&entry.module)
@@ -327,6 +381,7 @@ fn probe_driver(driver: &str) -> std::result::Result<Vec<Served>, String> {
         bind_name: driver.to_string(),
         modes,
         key_sizes,
+        request_limits,
         entry: Some(entry),
         offload,
         watch,
@@ -374,6 +429,13 @@ impl Engine for KernelEngine {
 
     fn supports(&self, cipher: Cipher, _direction: Direction) -> bool {
         self.state.served(cipher).is_some()
+    }
+
+    /// GCM: what one request of a probed operation socket can carry (an AEAD request
+    /// must fit the socket buffers whole); CBC and CTR: no limit (streamed in pieces).
+    fn max_job_len(&self, cipher: Cipher, direction: Direction) -> Option<usize> {
+        let limits = self.state.served(cipher)?.request_limits?;
+        Some(aead_max_len(limits, direction))
     }
 
     fn open_lane(&self, _index: usize) -> Result<Box<dyn Lane>> {
@@ -541,6 +603,21 @@ impl Lane for KernelLane {
             }
         }
     }
+
+    fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
+        self.forget(ids);
+        true
+    }
+}
+
+impl KernelLane {
+    /// Closes the contexts of removed keys (their sockets, and any device session the
+    /// driver holds for them). A poisoned engine's sockets stay, to be parked on drop.
+    fn forget(&mut self, ids: &[KeyId]) {
+        if !self.state.poisoned.load(Ordering::Acquire) {
+            self.contexts.retain(|(key, _, _), _| !ids.contains(key));
+        }
+    }
 }
 
 impl Drop for KernelLane {
@@ -706,12 +783,9 @@ fn run_aead(
         // An AEAD request cannot be split, and must fit the socket buffers whole.
         // Growing them (SO_SNDBUFFORCE) only moves the wall: the kernel then fails the
         // read with ENOMEM once its per-request scatterlists pass `net.core.optmem_max`.
-        let max = ctx
-            .limits
-            .0
-            .saturating_sub(tag_in)
-            .min(ctx.limits.1.saturating_sub(tag_out));
-        return Err(too_large(max));
+        // The dispatcher keeps jobs above the limit declared at probe time away from
+        // this engine; this guards a socket whose buffers shrank since.
+        return Err(too_large(aead_max_len(ctx.limits, job.direction)));
     }
     aad_scratch.clear();
     aad_scratch.resize(job.aad.len(), 0);

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
 use crate::job::{Job, JobOutput};
-use crate::key::KeyStore;
+use crate::key::{KeyId, KeyStore};
 
 /// What kind of engine this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -79,9 +79,31 @@ pub trait Engine: Send + Sync {
     fn open_lane(&self, index: usize) -> Result<Box<dyn Lane>>;
 
     /// How many jobs a lane would like to take in one pull (multi-buffer engines
-    /// interleave several independent jobs); 1 means one at a time.
+    /// interleave several independent jobs); 1 means one at a time. The most any
+    /// cipher asks for: [`Engine::batch_width`] answers per cipher and direction.
     fn max_batch(&self) -> usize {
         1
+    }
+
+    /// How many jobs of this cipher and direction a lane would like to take in one
+    /// pull (at most [`Engine::max_batch`]). An engine that gains from batches only
+    /// for some ciphers (multi-buffer CBC encryption) answers 1 for the others, so
+    /// work is shared between engines job by job rather than in handfuls. The default
+    /// is [`Engine::max_batch`] for every cipher.
+    fn batch_width(&self, cipher: Cipher, direction: Direction) -> usize {
+        let _ = (cipher, direction);
+        self.max_batch()
+    }
+
+    /// The largest job (input plus AAD, in bytes) this engine can take for this cipher
+    /// and direction, or `None` if it takes any size. The dispatcher never hands an
+    /// engine a job above its limit (as for a cipher it lacks), so a declared limit
+    /// sends large jobs to the other engines instead of failing them: an AF_ALG AEAD
+    /// request must fit the socket buffers whole, so the `kernel` engine declares
+    /// one for GCM.
+    fn max_job_len(&self, cipher: Cipher, direction: Direction) -> Option<usize> {
+        let _ = (cipher, direction);
+        None
     }
 
     /// Whether running a job keeps a host CPU core busy for its whole duration
@@ -163,5 +185,14 @@ pub trait Lane: Send {
         for ((job, out), result) in jobs.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
             *result = self.run(job, keys, out);
         }
+    }
+
+    /// Drops whatever the lane cached for these keys (contexts, expanded keys,
+    /// sockets): they were removed from the key store and no job will name them again.
+    /// Returns whether it did; the default cannot, and the dispatcher then closes the
+    /// lane and opens a fresh one, so caches stay bounded either way.
+    fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
+        let _ = ids;
+        false
     }
 }
