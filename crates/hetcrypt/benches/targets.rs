@@ -32,7 +32,7 @@ use std::io::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::cpu::{BlockParallel, CpuEngine};
 use hetcrypt::engine::Lane;
 use hetcrypt::policy::Pull;
 use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyId, KeyStore};
@@ -286,6 +286,12 @@ fn engine(opts: &mut Opts) {
         )
         .expect("IV length fits");
         let mut lane = CpuEngine::with_lanes(1).lane(0);
+        // The same lane with every job through EVP: what the default lane replaced
+        // for CTR and CBC decryption (the `aes` crate, block-parallel).
+        let mut evp_lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::Off)
+            .lane(0);
+        let mut evp_out = JobOutput::default();
         let mut out = JobOutput::default();
         let mut row = Row {
             section: "engine",
@@ -294,6 +300,20 @@ fn engine(opts: &mut Opts) {
             base: Vec::new(),
             unit: "GB/s",
             target: Some(0.95),
+        };
+        let mut evp_row = Row {
+            name: format!("{name} {direction} 16KiB 1 lane, all EVP, vs openssl speed"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            target: None,
+            ..row
+        };
+        let mut vs_evp = Row {
+            name: format!("{name} {direction} 16KiB 1 lane vs same lane all EVP"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            target: None,
+            ..row
         };
         // `openssl speed` streams one context and never starts a new message; every
         // job is a new message (new IV, a final, a tag). This second baseline is the
@@ -314,10 +334,17 @@ fn engine(opts: &mut Opts) {
             let bare = rate_on(opts.cpu_time, opts.seconds, KIB16, || {
                 evp_message(&mut ctx, &job, &mut buf);
             });
+            let all_evp = rate_on(opts.cpu_time, opts.seconds, KIB16, || {
+                evp_lane
+                    .run(&job, &keys, &mut evp_out)
+                    .expect("bench job runs");
+            });
             per_message.ours.push(ours);
             per_message.base.push(bare);
+            vs_evp.ours.push(ours);
+            vs_evp.base.push(all_evp);
             if opts.quick {
-                println!("engine    {name} {direction}: {ours:.3} GB/s, EVP loop {bare:.3} GB/s (openssl speed skipped in --quick)");
+                println!("engine    {name} {direction}: {ours:.3} GB/s, all-EVP lane {all_evp:.3} GB/s, EVP loop {bare:.3} GB/s (openssl speed skipped in --quick)");
                 continue;
             }
             let Some(base) = openssl_speed(opts, name, decrypt, KIB16) else {
@@ -326,9 +353,15 @@ fn engine(opts: &mut Opts) {
             };
             row.ours.push(ours);
             row.base.push(base);
+            evp_row.ours.push(all_evp);
+            evp_row.base.push(base);
         }
         if !opts.quick {
+            // The outputs of both lanes must agree, or the comparison means nothing.
+            assert_eq!(out, evp_out, "{name} {direction}: aes crate and EVP differ");
             report(opts, &row);
+            report(opts, &evp_row);
+            report(opts, &vs_evp);
             report(opts, &per_message);
         }
     }

@@ -1,11 +1,14 @@
-//! The `cpu` engine: OpenSSL EVP in software (AES-NI where the CPU has it), and
-//! multi-buffer CBC encryption when a lane is given several messages at once.
+//! The `cpu` engine: OpenSSL EVP in software (AES-NI where the CPU has it), the `aes`
+//! crate block-parallel for CTR and CBC decryption, and multi-buffer CBC encryption
+//! when a lane is given several messages at once.
 
 mod multibuf;
+mod parallel;
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use block_padding::{Padding, Pkcs7};
 
 use openssl::cipher::CipherRef;
 use openssl::cipher_ctx::CipherCtx;
@@ -45,6 +48,42 @@ fn is_cbc_encrypt(job: &Job) -> bool {
     job.direction == Direction::Encrypt && matches!(job.cipher.mode, Mode::Cbc | Mode::CbcPkcs7)
 }
 
+/// Whether a job is parallel over its blocks (CTR either way, CBC decryption), the
+/// jobs the `aes` crate runs without EVP's per-message re-initialisation.
+fn is_block_parallel(cipher: Cipher, direction: Direction) -> bool {
+    match cipher.mode {
+        Mode::Ctr => true,
+        Mode::Cbc | Mode::CbcPkcs7 => direction == Direction::Decrypt,
+        Mode::Gcm => false,
+    }
+}
+
+/// Who runs CTR and CBC decryption: the `aes` crate block-parallel, or OpenSSL EVP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlockParallel {
+    /// The `aes` crate where the CPU has AES instructions (measured faster than EVP
+    /// there, docs/performance.md), EVP where it does not: OpenSSL's software AES
+    /// (bit-sliced/vector-permute) is faster than the crate's constant-time fallback.
+    #[default]
+    Auto,
+    /// Always the `aes` crate, even with its software backend (tests use this to
+    /// cover that backend wherever they run).
+    On,
+    /// Always EVP.
+    Off,
+}
+
+impl BlockParallel {
+    /// Whether lanes use the `aes` crate on this CPU.
+    fn resolve(self) -> bool {
+        match self {
+            BlockParallel::Auto => aes::hardware_accelerated(),
+            BlockParallel::On => true,
+            BlockParallel::Off => false,
+        }
+    }
+}
+
 /// Host cores this process may run on.
 pub fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -57,6 +96,7 @@ pub struct CpuEngine {
     lanes: usize,
     pinned: bool,
     chains: usize,
+    parallel: BlockParallel,
 }
 
 impl Default for CpuEngine {
@@ -80,6 +120,7 @@ impl CpuEngine {
             lanes: lanes.max(1),
             pinned: false,
             chains: DEFAULT_CHAINS,
+            parallel: BlockParallel::Auto,
         }
     }
 
@@ -103,6 +144,12 @@ impl CpuEngine {
         self
     }
 
+    /// Sets who runs CTR and CBC decryption (default [`BlockParallel::Auto`]).
+    pub fn block_parallel(mut self, parallel: BlockParallel) -> Self {
+        self.parallel = parallel;
+        self
+    }
+
     /// Wraps the engine for a dispatcher.
     pub fn into_engine(self) -> EngineRef {
         Arc::new(self)
@@ -112,8 +159,9 @@ impl CpuEngine {
     pub fn lane(&self, index: usize) -> CpuLane {
         CpuLane {
             contexts: Vec::new(),
-            aes_keys: HashMap::new(),
+            aes_keys: Vec::new(),
             chains: self.chains,
+            parallel: self.parallel.resolve(),
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
             picked: Vec::with_capacity(self.chains),
             pads: Vec::with_capacity(self.chains),
@@ -150,6 +198,7 @@ impl Engine for CpuEngine {
 
     fn info(&self) -> EngineInfo {
         let version = openssl::version::version();
+        let parallel = self.parallel.resolve();
         EngineInfo {
             name: self.name.clone(),
             kind: EngineKind::Cpu,
@@ -157,20 +206,27 @@ impl Engine for CpuEngine {
             ciphers: Cipher::all()
                 .map(|cipher| {
                     let evp = evp_cipher(cipher).nid().short_name().unwrap_or("?");
-                    let multibuf =
-                        matches!(cipher.mode, Mode::Cbc | Mode::CbcPkcs7) && self.chains > 1;
+                    let evp = format!("{version} EVP {evp}");
+                    let crate_ = format!("aes crate ({}) block-parallel", aes_backend());
+                    let multibuf = format!(
+                        "; batches: {}-way multi-buffer, aes crate ({})",
+                        self.chains,
+                        aes_backend()
+                    );
+                    let multibuf = if self.chains > 1 { &multibuf[..] } else { "" };
+                    let driver = match cipher.mode {
+                        Mode::Ctr if parallel => crate_,
+                        Mode::Cbc | Mode::CbcPkcs7 if parallel => {
+                            format!("encryption {evp}{multibuf}; decryption {crate_}")
+                        }
+                        Mode::Cbc | Mode::CbcPkcs7 if self.chains > 1 => {
+                            format!("{evp}; encryption{multibuf}")
+                        }
+                        _ => evp,
+                    };
                     CipherDriver {
                         cipher,
-                        driver: if multibuf {
-                            format!(
-                                "{version} EVP {evp}; encryption batches: {}-way \
-                                 multi-buffer, aes crate ({})",
-                                self.chains,
-                                aes_backend()
-                            )
-                        } else {
-                            format!("{version} EVP {evp}")
-                        },
+                        driver,
                         priority: None,
                         module: None,
                         is_async: None,
@@ -225,9 +281,12 @@ pub struct CpuLane {
     /// a handful of (key, cipher, direction) triples, and comparing a few 12-byte
     /// tuples costs less than hashing one (which showed in profiles of 16-byte jobs).
     contexts: Vec<((KeyId, Cipher, Direction), CipherCtx)>,
-    /// Expanded keys per (key, size), zeroized on drop by the `aes` crate.
-    aes_keys: HashMap<(KeyId, KeySize), multibuf::AesKey>,
+    /// Expanded keys per (key, size), most recently used first (a list for the same
+    /// reason as `contexts`); zeroized on drop by the `aes` crate.
+    aes_keys: Vec<((KeyId, KeySize), multibuf::AesKey)>,
     chains: usize,
+    /// Whether CTR and CBC decryption go through the `aes` crate (else EVP).
+    parallel: bool,
     /// The core to pin this lane's thread to, if pinning was asked for.
     core: Option<usize>,
     /// Batch positions of the CBC encryption jobs of the current batch.
@@ -277,17 +336,56 @@ impl CpuLane {
         Ok(&mut self.contexts[0].1)
     }
 
-    /// Runs one job through EVP (the thread is pinned already).
+    /// Runs one job, through the `aes` crate if it is block-parallel and the lane is
+    /// set so, else through EVP (the thread is pinned already).
     #[inline]
     fn run_one(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
-        job.validate()?;
-        let ctx = self.context(job, keys)?;
-        let result = run_evp(ctx, job, out);
+        let result = job.validate().and_then(|()| {
+            if self.parallel && is_block_parallel(job.cipher, job.direction) {
+                self.run_parallel(job, keys, out)
+            } else {
+                run_evp(self.context(job, keys)?, job, out)
+            }
+        });
         if result.is_err() {
             out.data.clear();
             out.tag = None;
         }
         result
+    }
+
+    /// Runs a validated CTR or CBC decryption job through the `aes` crate; PKCS#7
+    /// padding is checked and removed as EVP does (a bad pad is
+    /// [`Error::AuthenticationFailed`], as from EVP).
+    fn run_parallel(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        let key = aes_key(&mut self.aes_keys, job.key, job.cipher, keys)?;
+        let iv: [u8; BLOCK_LEN] = job.iv().try_into().map_err(|_| Error::IvLength {
+            cipher: job.cipher,
+            expected: BLOCK_LEN,
+            got: job.iv().len(),
+        })?;
+        out.tag = None;
+        let len = job.input.len();
+        if out.data.capacity() < len {
+            out.data = vec![0; len]; // one zeroed allocation
+        } else {
+            // Every byte is overwritten: zero only what the buffer grows by.
+            out.data.truncate(len);
+            out.data.resize(len, 0);
+        }
+        if job.cipher.mode == Mode::Ctr {
+            parallel::ctr(key, iv, &job.input, &mut out.data);
+            return Ok(());
+        }
+        parallel::cbc_decrypt(key, iv, &job.input, &mut out.data);
+        if job.cipher.mode == Mode::CbcPkcs7 {
+            let last = len - BLOCK_LEN; // validate(): at least one block
+            let kept = Pkcs7::raw_unpad(&out.data[last..])
+                .map_err(|_| Error::AuthenticationFailed)?
+                .len();
+            out.data.truncate(last + kept);
+        }
+        Ok(())
     }
 
     /// Runs the CBC encryption jobs `group` (batch positions, all under one key and
@@ -300,23 +398,8 @@ impl CpuLane {
         outs: &mut [JobOutput],
         results: &mut [Result<()>],
     ) {
-        use std::collections::hash_map::Entry;
         let first = jobs[group[0]];
-        let cipher = first.cipher;
-        let key = match self.aes_keys.entry((first.key, cipher.key_size)) {
-            Entry::Occupied(e) => Ok(&*e.into_mut()),
-            Entry::Vacant(e) => keys
-                .with_key(first.key, |key| {
-                    multibuf::AesKey::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
-                        cipher,
-                        expected: cipher.key_len(),
-                        got: key.len(),
-                    })
-                })
-                .and_then(|k| k)
-                .map(|k| &*e.insert(k)),
-        };
-        let key = match key {
+        let key = match aes_key(&mut self.aes_keys, first.key, first.cipher, keys) {
             Ok(key) => key,
             Err(e) => {
                 // Every job of the group shares the key and so the error.
@@ -352,6 +435,32 @@ impl CpuLane {
             results[k] = Ok(());
         }
     }
+}
+
+/// The expanded `aes` crate key for `id` at `cipher`'s key size from a lane's cache
+/// (most recently used first), created on first use.
+fn aes_key<'c>(
+    cache: &'c mut Vec<((KeyId, KeySize), multibuf::AesKey)>,
+    id: KeyId,
+    cipher: Cipher,
+    keys: &KeyStore,
+) -> Result<&'c multibuf::AesKey> {
+    let slot = (id, cipher.key_size);
+    match cache.iter().position(|(k, _)| *k == slot) {
+        Some(0) => {}
+        Some(i) => cache[..=i].rotate_right(1),
+        None => {
+            let key = keys.with_key(id, |key| {
+                multibuf::AesKey::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
+                    cipher,
+                    expected: cipher.key_len(),
+                    got: key.len(),
+                })
+            })??;
+            cache.insert(0, (slot, key));
+        }
+    }
+    Ok(&cache[0].1)
 }
 
 /// An error copied for each job it concerns (errors are not `Clone`): a key lookup's
@@ -796,6 +905,257 @@ mod tests {
             )
             .unwrap();
             assert_eq!(out.data, want, "len {len}");
+        }
+    }
+
+    /// OpenSSL's one-shot API for any cipher without a tag, either direction, padding
+    /// as the mode says: the reference for the block-parallel path.
+    fn reference_any(
+        job: &Job,
+        key: &[u8],
+    ) -> std::result::Result<Vec<u8>, openssl::error::ErrorStack> {
+        use openssl::symm::Cipher as C;
+        let c = match (job.cipher.key_size, job.cipher.mode) {
+            (KeySize::Aes128, Mode::Ctr) => C::aes_128_ctr(),
+            (KeySize::Aes192, Mode::Ctr) => C::aes_192_ctr(),
+            (KeySize::Aes256, Mode::Ctr) => C::aes_256_ctr(),
+            (KeySize::Aes128, _) => C::aes_128_cbc(),
+            (KeySize::Aes192, _) => C::aes_192_cbc(),
+            (KeySize::Aes256, _) => C::aes_256_cbc(),
+        };
+        let mode = match job.direction {
+            Direction::Encrypt => openssl::symm::Mode::Encrypt,
+            Direction::Decrypt => openssl::symm::Mode::Decrypt,
+        };
+        let mut crypter = openssl::symm::Crypter::new(c, mode, key, Some(job.iv()))?;
+        crypter.pad(job.cipher.mode == Mode::CbcPkcs7);
+        let mut out = vec![0; job.input.len() + 16];
+        let n = crypter.update(&job.input, &mut out)?;
+        let m = crypter.finalize(&mut out[n..])?;
+        out.truncate(n + m);
+        Ok(out)
+    }
+
+    /// CTR and CBC decryption jobs of mixed lengths (0, one block, partial blocks,
+    /// around the 8- and 64-block groups), every key size, IVs just below the 2^32,
+    /// 2^64 and 2^128 counter boundaries: the `aes` crate path, the EVP path and
+    /// OpenSSL's one-shot API agree, one job at a time and in batches.
+    #[test]
+    fn block_parallel_matches_evp_and_openssl() {
+        let keys = KeyStore::new();
+        let key_bytes = [bytes(1, 16), bytes(2, 24), bytes(3, 32)];
+        let sizes = [KeySize::Aes128, KeySize::Aes192, KeySize::Aes256];
+        let ids: Vec<KeyId> = key_bytes
+            .iter()
+            .map(|k| keys.add(Key::new(k.clone())).unwrap())
+            .collect();
+        let lens = [
+            0, 1, 15, 16, 17, 31, 127, 128, 129, 1023, 1024, 1025, 1040, 2048, 4099,
+        ];
+        let ivs = [
+            [7u8; 16],
+            ((1u128 << 32) - 2).to_be_bytes(),
+            ((1u128 << 64) - 5).to_be_bytes(),
+            u128::MAX.to_be_bytes(),
+            (u128::MAX - 70).to_be_bytes(),
+        ];
+        let mut jobs = Vec::new();
+        for (i, &len) in lens.iter().enumerate() {
+            for (k, &size) in sizes.iter().enumerate() {
+                let iv = ivs[(i + k) % ivs.len()];
+                for direction in [Direction::Encrypt, Direction::Decrypt] {
+                    let input = bytes(i * 7 + k, len);
+                    jobs.push(Job::new(
+                        Cipher::new(size, Mode::Ctr),
+                        direction,
+                        ids[k],
+                        iv,
+                        input,
+                    ));
+                }
+                // CBC decryption of whole blocks, unpadded ...
+                let whole = len / BLOCK_LEN * BLOCK_LEN;
+                let input = bytes(i * 5 + k, whole);
+                jobs.push(Job::new(
+                    Cipher::new(size, Mode::Cbc),
+                    Direction::Decrypt,
+                    ids[k],
+                    iv,
+                    input,
+                ));
+                // ... and PKCS#7 ciphertexts of messages of every length (valid padding).
+                let plain = Job::new(
+                    Cipher::new(size, Mode::CbcPkcs7),
+                    Direction::Encrypt,
+                    ids[k],
+                    iv,
+                    bytes(i, len),
+                );
+                let ct = reference_any(&plain, &key_bytes[k]).unwrap();
+                jobs.push(Job::new(
+                    Cipher::new(size, Mode::CbcPkcs7),
+                    Direction::Decrypt,
+                    ids[k],
+                    iv,
+                    ct,
+                ));
+            }
+        }
+        let want: Vec<Vec<u8>> = jobs
+            .iter()
+            .map(|job| {
+                let k = ids.iter().position(|&id| id == job.key).unwrap();
+                reference_any(job, &key_bytes[k]).unwrap()
+            })
+            .collect();
+        for parallel in [BlockParallel::On, BlockParallel::Off] {
+            let engine = CpuEngine::with_lanes(1).block_parallel(parallel);
+            let mut lane = engine.lane(0);
+            let mut out = JobOutput {
+                data: vec![0xee; 5000],
+                tag: Some([1; 16]),
+            };
+            for (i, (job, want)) in jobs.iter().zip(&want).enumerate() {
+                lane.run(job, &keys, &mut out)
+                    .unwrap_or_else(|e| panic!("{parallel:?} job {i}: {e}"));
+                assert_eq!(
+                    &out.data,
+                    want,
+                    "{parallel:?} job {i}: {:?} {:?} {} bytes",
+                    job.cipher,
+                    job.direction,
+                    job.input.len()
+                );
+                assert_eq!(out.tag, None);
+            }
+            for (k, chunk) in jobs.chunks(DEFAULT_CHAINS).enumerate() {
+                for (i, out) in run_batch_of(&mut lane, &keys, chunk)
+                    .into_iter()
+                    .enumerate()
+                {
+                    assert_eq!(
+                        out.unwrap().data,
+                        want[k * DEFAULT_CHAINS + i],
+                        "{parallel:?} batch {k} job {i}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Bad input to CBC decryption gives the same typed errors through the `aes` crate
+    /// as through EVP: bad PKCS#7 padding is `AuthenticationFailed`, lengths that are
+    /// not whole blocks (or empty, with PKCS#7) are `InputLength`, an unknown key is
+    /// `UnknownKey`, a key of the wrong size `KeyLength`; the output is left empty.
+    #[test]
+    fn block_parallel_errors_match_evp() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![4; 16])).unwrap();
+        let long = keys.add(Key::new(vec![4; 32])).unwrap();
+        let padded = |pad: &[u8]| {
+            // A last block whose plaintext ends in `pad`, encrypted so it decrypts back.
+            let mut plain = vec![0x61; 32];
+            let n = plain.len();
+            plain[n - pad.len()..].copy_from_slice(pad);
+            let job = Job::new(Cipher::AES_128_CBC, Direction::Encrypt, id, [9; 16], plain);
+            reference_any(&job, &[4; 16]).unwrap()
+        };
+        let pkcs7 = |input: Vec<u8>, key| {
+            Job::new(
+                Cipher::AES_128_CBC_PKCS7,
+                Direction::Decrypt,
+                key,
+                [9; 16],
+                input,
+            )
+        };
+        // Each job with a test of the error it must give.
+        type Case = (Job, fn(&Error) -> bool);
+        let cases: Vec<Case> = vec![
+            (pkcs7(padded(&[0]), id), |e| {
+                matches!(e, Error::AuthenticationFailed)
+            }),
+            (pkcs7(padded(&[17]), id), |e| {
+                matches!(e, Error::AuthenticationFailed)
+            }),
+            (pkcs7(padded(&[3, 3, 2]), id), |e| {
+                matches!(e, Error::AuthenticationFailed)
+            }),
+            (pkcs7(padded(&[5, 4, 4, 4]), id), |e| {
+                matches!(e, Error::AuthenticationFailed)
+            }),
+            (pkcs7(Vec::new(), id), |e| {
+                matches!(e, Error::InputLength { len: 0, .. })
+            }),
+            (pkcs7(vec![1; 33], id), |e| {
+                matches!(e, Error::InputLength { len: 33, .. })
+            }),
+            (
+                Job::new(
+                    Cipher::AES_128_CBC,
+                    Direction::Decrypt,
+                    id,
+                    [9; 16],
+                    vec![1; 15],
+                ),
+                |e| matches!(e, Error::InputLength { len: 15, .. }),
+            ),
+            (pkcs7(padded(&[1]), KeyId(77)), |e| {
+                matches!(e, Error::UnknownKey(77))
+            }),
+            (pkcs7(padded(&[1]), long), |e| {
+                matches!(e, Error::KeyLength { got: 32, .. })
+            }),
+            (
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    long,
+                    [9; 16],
+                    vec![1; 15],
+                ),
+                |e| matches!(e, Error::KeyLength { got: 32, .. }),
+            ),
+        ];
+        for parallel in [BlockParallel::On, BlockParallel::Off] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for (i, (job, expected)) in cases.iter().enumerate() {
+                let mut out = JobOutput {
+                    data: vec![0xee; 64],
+                    tag: None,
+                };
+                match lane.run(job, &keys, &mut out) {
+                    Err(e) => assert!(expected(&e), "{parallel:?} case {i}: {e:?}"),
+                    Ok(()) => panic!("{parallel:?} case {i}: no error"),
+                }
+                assert!(out.data.is_empty(), "{parallel:?} case {i}: output left");
+            }
+            // The lane goes on after errors: a good padded message still decrypts.
+            let mut out = JobOutput::default();
+            lane.run(&pkcs7(padded(&[2, 2]), id), &keys, &mut out)
+                .unwrap();
+            assert_eq!(out.data, [&[0x61; 30][..]].concat());
+        }
+    }
+
+    /// `Auto` uses the `aes` crate exactly where it has AES instructions, and the
+    /// engine's info says which library serves each cipher.
+    #[test]
+    fn block_parallel_auto_follows_the_cpu_and_is_reported() {
+        assert_eq!(BlockParallel::Auto.resolve(), aes::hardware_accelerated());
+        for (parallel, uses_crate) in [(BlockParallel::On, true), (BlockParallel::Off, false)] {
+            let info = CpuEngine::with_lanes(1).block_parallel(parallel).info();
+            for driver in &info.ciphers {
+                let text = &driver.driver;
+                match driver.cipher.mode {
+                    Mode::Gcm => assert!(text.contains("EVP") && !text.contains("aes crate")),
+                    Mode::Ctr => assert_eq!(text.contains("aes crate"), uses_crate, "{text}"),
+                    Mode::Cbc | Mode::CbcPkcs7 => {
+                        assert!(text.contains("EVP"), "{text}");
+                        assert_eq!(text.contains("decryption aes crate"), uses_crate, "{text}");
+                    }
+                }
+            }
         }
     }
 
