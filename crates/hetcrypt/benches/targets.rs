@@ -621,8 +621,30 @@ fn bare_evp_into(ctx: &mut CipherCtx, jobs: &[Job], outs: &mut [Vec<u8>]) {
     }
 }
 
+/// A bare loop over the same lane the dispatcher runs (`Lane::run`, one job at a
+/// time into a fresh output each): the `pull` rows against this one are the dispatch
+/// tax alone, with the same primitive on both sides.
+fn bare_lane(lane: &mut dyn Lane, keys: &KeyStore, jobs: &[Job]) -> Vec<JobOutput> {
+    jobs.iter()
+        .map(|job| {
+            let mut out = JobOutput::default();
+            lane.run(job, keys, &mut out).expect("bench job runs");
+            out
+        })
+        .collect()
+}
+
+/// [`bare_lane`] writing into `outs` (one output per job, reused from call to call).
+fn bare_lane_into(lane: &mut dyn Lane, keys: &KeyStore, jobs: &[Job], outs: &mut [JobOutput]) {
+    for (job, out) in jobs.iter().zip(outs.iter_mut()) {
+        lane.run(job, keys, out).expect("bench job runs");
+    }
+}
+
 /// `dispatch`: AES-128-CTR jobs through `pull` on one lane vs the bare EVP loop on the
-/// same jobs (the dispatch tax).
+/// same jobs (the issue's dispatch tax) and vs a bare loop over the lane itself (the
+/// tax alone: since the lane runs CTR through the `aes` crate, its jobs are cheaper
+/// than EVP's).
 fn dispatch(opts: &mut Opts) {
     let cases: &[(usize, usize, f64)] = if opts.quick {
         &[(16, 2_000, 0.70)]
@@ -683,6 +705,23 @@ fn dispatch(opts: &mut Opts) {
             base: Vec::new(),
             ..row
         };
+        let mut lane_row = Row {
+            name: format!("ctr {size}B x{count}: pull 1 lane vs bare lane loop"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            target: None,
+            ..row
+        };
+        let mut lane_reuse_row = Row {
+            name: format!("ctr {size}B x{count}: same, vs lane loop, both reusing"),
+            ours: Vec::new(),
+            base: Vec::new(),
+            target: None,
+            ..row
+        };
+        let engine = CpuEngine::with_lanes(1);
+        let mut lane = engine.lane(0);
+        let mut lane_outs = vec![JobOutput::default(); jobs.len()];
         let mut recycled: Vec<JobOutput> = Vec::new();
         let mut bare_outs: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
         let bytes = count * size;
@@ -706,8 +745,13 @@ fn dispatch(opts: &mut Opts) {
                 let br = b();
                 (p(), br)
             };
+            let lr = rate_on(opts.cpu_time, seconds, bytes, || {
+                drop(bare_lane(&mut lane, dispatcher.keys(), &jobs))
+            });
             row.ours.push(pr);
             row.base.push(br);
+            lane_row.ours.push(pr);
+            lane_row.base.push(lr);
             let mut p = || {
                 rate_on(opts.cpu_time, seconds, bytes, || {
                     recycled = recycle(dispatcher.run_reusing(
@@ -731,16 +775,26 @@ fn dispatch(opts: &mut Opts) {
             };
             reuse_row.ours.push(pr);
             reuse_row.base.push(br);
+            lane_reuse_row.ours.push(pr);
+            lane_reuse_row
+                .base
+                .push(rate_on(opts.cpu_time, seconds, bytes, || {
+                    bare_lane_into(&mut lane, dispatcher.keys(), &jobs, &mut lane_outs)
+                }));
         }
         let per_job_ns = |gbs: f64| size as f64 / gbs;
         report(opts, &row);
+        report(opts, &lane_row);
         report(opts, &reuse_row);
+        report(opts, &lane_reuse_row);
         println!(
-            "{:9} per job: pull {:.0} ns, bare loop {:.0} ns, tax {:.0} ns",
+            "{:9} per job: pull {:.0} ns, bare EVP loop {:.0} ns, bare lane loop {:.0} ns, \
+             tax {:.0} ns",
             "",
             per_job_ns(median(row.ours.clone())),
             per_job_ns(median(row.base.clone())),
-            per_job_ns(median(row.ours.clone())) - per_job_ns(median(row.base.clone()))
+            per_job_ns(median(lane_row.base.clone())),
+            per_job_ns(median(row.ours.clone())) - per_job_ns(median(lane_row.base.clone()))
         );
     }
 }

@@ -162,6 +162,7 @@ impl CpuEngine {
             aes_keys: Vec::new(),
             chains: self.chains,
             parallel: self.parallel.resolve(),
+            ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
             picked: Vec::with_capacity(self.chains),
             pads: Vec::with_capacity(self.chains),
@@ -287,6 +288,8 @@ pub struct CpuLane {
     chains: usize,
     /// Whether CTR and CBC decryption go through the `aes` crate (else EVP).
     parallel: bool,
+    /// CTR's counter and keystream blocks, made on the first CTR job.
+    ctr_scratch: Option<Box<parallel::CtrScratch>>,
     /// The core to pin this lane's thread to, if pinning was asked for.
     core: Option<usize>,
     /// Batch positions of the CBC encryption jobs of the current batch.
@@ -374,7 +377,10 @@ impl CpuLane {
             out.data.resize(len, 0);
         }
         if job.cipher.mode == Mode::Ctr {
-            parallel::ctr(key, iv, &job.input, &mut out.data);
+            let scratch = self
+                .ctr_scratch
+                .get_or_insert_with(parallel::CtrScratch::new);
+            parallel::ctr(key, iv, &job.input, &mut out.data, scratch);
             return Ok(());
         }
         parallel::cbc_decrypt(key, iv, &job.input, &mut out.data);

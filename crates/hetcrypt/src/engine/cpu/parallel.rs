@@ -33,6 +33,34 @@ type Block = Array<u8, aes::cipher::consts::U16>;
 /// output, which stays in L1 between the AES pass and the XOR pass.
 const GROUP: usize = 64;
 
+/// A lane's scratch space for CTR: two groups of counter blocks and one of keystream,
+/// kept from job to job (initialising 3 KiB per job cost more than the AES of a
+/// 16-byte job) and zeroized on drop (the keystream of the last job is as sensitive as
+/// its plaintext).
+pub(crate) struct CtrScratch {
+    counters: [[Block; GROUP]; 2],
+    keystream: [Block; GROUP],
+}
+
+impl CtrScratch {
+    /// Zeroed scratch space, on the heap (3 KiB).
+    pub(crate) fn new() -> Box<Self> {
+        Box::new(CtrScratch {
+            counters: [[Block::default(); GROUP]; 2],
+            keystream: [Block::default(); GROUP],
+        })
+    }
+}
+
+impl Drop for CtrScratch {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        for group in self.counters.iter_mut().chain([&mut self.keystream]) {
+            Block::slice_as_flattened_mut(group).zeroize();
+        }
+    }
+}
+
 /// CTR mode (NIST SP 800-38A 6.5) with a full 128-bit big-endian counter, as OpenSSL's
 /// EVP CTR ciphers count: writes `input` XOR keystream into `out` (same length; a
 /// partial last block uses the start of its keystream block). Encryption and
@@ -40,12 +68,19 @@ const GROUP: usize = 64;
 ///
 /// # Panics
 /// If `out` is not as long as `input` (a caller bug).
-pub(crate) fn ctr(key: &AesKey, iv: [u8; BLOCK_LEN], input: &[u8], out: &mut [u8]) {
+pub(crate) fn ctr(
+    key: &AesKey,
+    iv: [u8; BLOCK_LEN],
+    input: &[u8],
+    out: &mut [u8],
+    scratch: &mut CtrScratch,
+) {
     assert_eq!(input.len(), out.len(), "CTR output must match its input");
     let run = Ctr {
         counter: u128::from_be_bytes(iv),
         input,
         out,
+        scratch,
     };
     match key {
         AesKey::Aes128(k) => k.encrypt_with_backend(run),
@@ -201,6 +236,7 @@ struct Ctr<'a> {
     counter: u128,
     input: &'a [u8],
     out: &'a mut [u8],
+    scratch: &'a mut CtrScratch,
 }
 
 impl BlockSizeUser for Ctr<'_> {
@@ -214,8 +250,10 @@ impl BlockCipherEncClosure for Ctr<'_> {
         // Two buffers: the next group's counter blocks are written while this group's
         // are encrypted, so the AES never loads blocks still on their way to the cache
         // (done in one buffer, that stall halved the speed).
-        let mut buffers = [[Block::default(); GROUP]; 2];
-        let mut keystream = [Block::default(); GROUP];
+        let CtrScratch {
+            counters: buffers,
+            keystream,
+        } = self.scratch;
         let mut counter = self.counter;
         let mut ins = self.input.chunks_exact(STEP);
         let mut outs = self.out.chunks_exact_mut(STEP);
@@ -226,12 +264,12 @@ impl BlockCipherEncClosure for Ctr<'_> {
         }
         let remaining_groups = ins.len();
         for (n, (i, o)) in (&mut ins).zip(&mut outs).enumerate() {
-            encrypt_group(backend, &buffers[current], &mut keystream);
+            encrypt_group(backend, &buffers[current], keystream);
             if n + 1 < remaining_groups {
                 counter_blocks(&mut buffers[current ^ 1], counter);
                 counter = counter.wrapping_add(GROUP as u128);
             }
-            xor_into(o, i, Block::slice_as_flattened(&keystream));
+            xor_into(o, i, Block::slice_as_flattened(&keystream[..]));
             current ^= 1;
         }
         // Fewer than GROUP blocks left, the last maybe partial.
@@ -381,7 +419,7 @@ mod tests {
                 let iv: [u8; 16] = bytes(len, 16).try_into().unwrap();
                 let input = bytes(len + 7, len);
                 let mut out = vec![0xaa; len];
-                ctr(&aes, iv, &input, &mut out);
+                ctr(&aes, iv, &input, &mut out, &mut CtrScratch::new());
                 assert_eq!(
                     out,
                     reference(ctr_cipher, false, &key, &iv, &input),
@@ -403,7 +441,7 @@ mod tests {
                 let iv = boundary.wrapping_sub(before).to_be_bytes();
                 let input = bytes(before as usize, 100 * 16 + 9);
                 let mut out = vec![0; input.len()];
-                ctr(&aes, iv, &input, &mut out);
+                ctr(&aes, iv, &input, &mut out, &mut CtrScratch::new());
                 assert_eq!(
                     out,
                     reference(ctr_cipher, false, &key, &iv, &input),
@@ -414,9 +452,15 @@ mod tests {
         // And explicitly: the block after all-ones is all-zeros (first keystream block
         // of a job starting at 0 equals the second of one starting at 2^128 - 1).
         let mut wrapped = vec![0; 32];
-        ctr(&aes, [0xff; 16], &[0; 32], &mut wrapped);
+        ctr(
+            &aes,
+            [0xff; 16],
+            &[0; 32],
+            &mut wrapped,
+            &mut CtrScratch::new(),
+        );
         let mut zero = vec![0; 16];
-        ctr(&aes, [0; 16], &[0; 16], &mut zero);
+        ctr(&aes, [0; 16], &[0; 16], &mut zero, &mut CtrScratch::new());
         assert_eq!(wrapped[16..], zero[..]);
     }
 
@@ -467,6 +511,7 @@ mod tests {
             hex("f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff").try_into().unwrap(),
             &plain,
             &mut out,
+            &mut CtrScratch::new(),
         );
         assert_eq!(out, ctr_ct);
         cbc_decrypt(
