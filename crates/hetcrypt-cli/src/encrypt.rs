@@ -103,6 +103,16 @@ impl<S: Stream> Stream for Item<S> {
     fn finish(&mut self) -> hetcrypt_format::Result<()> {
         self.stream.finish()
     }
+    fn accept_reusing(
+        &mut self,
+        out: hetcrypt::Result<hetcrypt::JobOutput>,
+        spare: &mut Vec<hetcrypt::JobOutput>,
+    ) -> hetcrypt_format::Result<()> {
+        self.stream.accept_reusing(out, spare)
+    }
+    fn key(&self) -> Option<hetcrypt::KeyId> {
+        self.stream.key()
+    }
 }
 
 /// A stream whose output can be taken back to commit.
@@ -285,6 +295,9 @@ fn run<S: FileStream>(
     // walking (and skipped inputs) are kept here.
     let mut plan_failed: Vec<Note> = Vec::new();
     let mut skipped: Vec<Note> = Vec::new();
+    // Directories made for the trees, with the modes they get once their files are in
+    // (a read-only directory could not take them before); parents come first.
+    let mut made_dirs: Vec<plan::Dir> = Vec::new();
     let hold_stdout = way == Way::Decrypt;
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
     let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
@@ -309,6 +322,21 @@ fn run<S: FileStream>(
                         name,
                     });
                 }
+                plan::Entry::Dir(dir) => match io::make_dir(&dir.dest) {
+                    Ok(true) => made_dirs.push(dir),
+                    Ok(false) => {}
+                    Err(e) => {
+                        let note = Note {
+                            path: plan::show(&dir.source),
+                            reason: format!(
+                                "cannot create the directory {}: {e}",
+                                plan::show(&dir.dest)
+                            ),
+                        };
+                        report_failure(&bar, &note.path, &note.reason);
+                        plan_failed.push(note);
+                    }
+                },
                 plan::Entry::Skipped(note) => skipped.push(note),
                 plan::Entry::Failed(note) => {
                     report_failure(&bar, &note.path, &note.reason);
@@ -325,6 +353,17 @@ fn run<S: FileStream>(
         (run_result, failed, committed)
     });
     bar.finish_and_clear();
+    // Children before parents, so a parent's mode cannot lock a child out.
+    for dir in made_dirs.iter().rev() {
+        if let Err(e) = io::set_dir_mode(&dir.dest, dir.mode) {
+            let reason = format!("cannot set the mode of {}: {e}", plan::show(&dir.dest));
+            report_failure(&bar, &plan::show(&dir.source), &reason);
+            plan_failed.push(Note {
+                path: plan::show(&dir.source),
+                reason,
+            });
+        }
+    }
     run_result.map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut all_failed = plan_failed;
     all_failed.extend(failed);

@@ -280,6 +280,11 @@ impl ChunkKeys {
         })
     }
 
+    /// The id of the AEAD key registered with the dispatcher.
+    pub fn key_id(&self) -> KeyId {
+        self.key
+    }
+
     /// The AEAD.
     pub fn aead(&self) -> Aead {
         self.aead

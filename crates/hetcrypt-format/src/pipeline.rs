@@ -6,12 +6,17 @@
 //! batch under the policy, hand every output back to its stream in order, finish the
 //! streams whose last chunk came back, repeat. A stream that fails (bad header, bad
 //! chunk, I/O error) is finished with its error; the others go on.
+//!
+//! One dispatcher serves the whole run, so its lanes (and a device's sessions) stay
+//! open: each finished message's key is removed from it, which also drops the lanes'
+//! per-key contexts, and each batch's outputs are written into the buffers of the
+//! previous batch's (fresh output memory cost more than encrypting it on our VM).
 
 use std::collections::VecDeque;
 
 use hetcrypt::engine::EngineRef;
 use hetcrypt::policy::Policy;
-use hetcrypt::{Dispatcher, Job, JobOutput, Report};
+use hetcrypt::{Dispatcher, Job, JobOutput, KeyId, Report};
 use serde::Serialize;
 
 use crate::error::{FormatError, Result};
@@ -22,12 +27,6 @@ use crate::error::{FormatError, Result};
 /// so the batch's start and join cost is amortised; small enough for the 512 MiB
 /// boards the seeds target.
 pub const WINDOW_CHUNKS: usize = 256;
-
-/// Messages started on one dispatcher before it is replaced by a fresh one over the
-/// same (still working) engines. Each message registers its own derived key and the
-/// lanes cache a keyed context per key, so without this the memory would grow with
-/// the number of files; 1024 keys keep the caches to a few MiB.
-pub const MESSAGES_PER_DISPATCHER: usize = 1024;
 
 /// One message in flight: hands out chunk jobs in order and takes their outputs back
 /// in the same order.
@@ -42,6 +41,23 @@ pub trait Stream {
 
     /// Every job's output was accepted: complete the message (flush, final checks).
     fn finish(&mut self) -> Result<()>;
+
+    /// Like [`Stream::accept`], and the stream may push the output's buffer, emptied,
+    /// onto `spare` for the next batch to write into. The default only accepts.
+    fn accept_reusing(
+        &mut self,
+        output: hetcrypt::Result<JobOutput>,
+        spare: &mut Vec<JobOutput>,
+    ) -> Result<()> {
+        let _ = spare;
+        self.accept(output)
+    }
+
+    /// The key this stream registered with the dispatcher, if any: the pipeline
+    /// removes it once the stream is done. The default registers none.
+    fn key(&self) -> Option<KeyId> {
+        None
+    }
 }
 
 /// What the pipeline tells its caller.
@@ -125,11 +141,9 @@ struct Slot<S> {
 
 /// Runs streams through a dispatcher in bounded windows.
 pub struct Pipeline<'p> {
-    engines: Vec<EngineRef>,
     dispatcher: Dispatcher,
     policy: &'p dyn Policy,
     window: usize,
-    messages_on_dispatcher: usize,
     stats: Stats,
 }
 
@@ -146,13 +160,10 @@ impl std::fmt::Debug for Pipeline<'_> {
 impl<'p> Pipeline<'p> {
     /// A pipeline over these engines under `policy`.
     pub fn new(engines: Vec<EngineRef>, policy: &'p dyn Policy) -> Result<Self> {
-        let dispatcher = Dispatcher::new(engines.clone())?;
         Ok(Pipeline {
-            engines,
-            dispatcher,
+            dispatcher: Dispatcher::new(engines)?,
             policy,
             window: WINDOW_CHUNKS,
-            messages_on_dispatcher: 0,
             stats: Stats::default(),
         })
     }
@@ -168,16 +179,21 @@ impl<'p> Pipeline<'p> {
         &self.stats
     }
 
-    /// Replaces the dispatcher by a fresh one over the engines that have not failed
-    /// (a failed engine is never used again: retrying a vanished device can crash the
-    /// kernel).
-    fn renew_dispatcher(&mut self) -> Result<()> {
-        let failed = self.dispatcher.failed_engines();
-        self.engines
-            .retain(|e| !failed.iter().any(|(name, _)| name == e.name()));
-        self.dispatcher = Dispatcher::new(self.engines.clone())?;
-        self.messages_on_dispatcher = 0;
-        Ok(())
+    /// The dispatcher the streams run on (its keys: those of the messages in flight).
+    /// An engine that fails is quarantined in it for the pipeline's lifetime (retrying
+    /// a vanished device can crash the kernel).
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// Ends a stream: removes its key from the dispatcher (no batch is running) and
+    /// tells the observer.
+    fn done<S: Stream>(&self, stream: S, result: Result<()>, observer: &mut impl Observer<S>) {
+        if let Some(key) = stream.key() {
+            let removed = self.dispatcher.remove_key(key);
+            debug_assert!(removed.is_ok(), "a stream's key was removed twice");
+        }
+        observer.done(stream, result);
     }
 
     /// Runs every stream to completion (or failure), telling `observer` about each.
@@ -192,6 +208,8 @@ impl<'p> Pipeline<'p> {
         let mut active: VecDeque<Slot<S>> = VecDeque::new();
         let mut jobs: Vec<Job> = Vec::with_capacity(self.window);
         let mut owners: Vec<usize> = Vec::with_capacity(self.window);
+        // Output buffers the streams are done with, for the next batch to write into.
+        let mut spare: Vec<JobOutput> = Vec::with_capacity(self.window);
         let mut more = true;
         loop {
             // Fill the window.
@@ -203,15 +221,8 @@ impl<'p> Pipeline<'p> {
                     if !more {
                         break;
                     }
-                    if self.messages_on_dispatcher >= MESSAGES_PER_DISPATCHER {
-                        if !jobs.is_empty() || !active.is_empty() {
-                            break; // renew once nothing refers to the old keys
-                        }
-                        self.renew_dispatcher()?;
-                    }
                     match pending.next() {
                         Some(stream) => {
-                            self.messages_on_dispatcher += 1;
                             active.push_back(Slot {
                                 stream,
                                 exhausted: false,
@@ -244,17 +255,22 @@ impl<'p> Pipeline<'p> {
 
             // Run the batch and hand the outputs back in order.
             if !jobs.is_empty() {
-                let batch = match self.dispatcher.run(&jobs, self.policy) {
+                let batch = match self.dispatcher.run_reusing(
+                    &jobs,
+                    self.policy,
+                    std::mem::take(&mut spare),
+                ) {
                     Ok(batch) => batch,
                     Err(e) => {
                         let reason = e.to_string();
                         for slot in active.drain(..) {
-                            observer.done(
+                            self.done(
                                 slot.stream,
                                 Err(FormatError::Engine(hetcrypt::Error::Policy {
                                     policy: self.policy.name(),
                                     reason: reason.clone(),
                                 })),
+                                observer,
                             );
                         }
                         return Err(e.into());
@@ -265,7 +281,7 @@ impl<'p> Pipeline<'p> {
                 for (output, &owner) in batch.outputs.into_iter().zip(&owners) {
                     let slot = &mut active[owner];
                     if slot.failed.is_none() {
-                        if let Err(e) = slot.stream.accept(output) {
+                        if let Err(e) = slot.stream.accept_reusing(output, &mut spare) {
                             slot.failed = Some(e);
                         }
                     }
@@ -282,7 +298,7 @@ impl<'p> Pipeline<'p> {
                     Some(e) => Err(e),
                     None => stream.finish(),
                 };
-                observer.done(stream, result);
+                self.done(stream, result, observer);
             }
         }
     }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 
-use hetcrypt::{Dispatcher, Job, JobOutput};
+use hetcrypt::{Dispatcher, Job, JobOutput, KeyId};
 use zeroize::Zeroizing;
 
 use crate::aead::{Aead, ChunkKeys};
@@ -217,15 +217,29 @@ impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
     }
 
     fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
+        self.accept_reusing(output, &mut Vec::new())
+    }
+
+    fn accept_reusing(
+        &mut self,
+        output: hetcrypt::Result<JobOutput>,
+        spare: &mut Vec<JobOutput>,
+    ) -> Result<()> {
         let keys = self
             .keys
             .as_ref()
             .expect("a job was handed out, so keys exist");
-        let data = keys.seal_finish(self.next_out, output)?;
+        let mut data = keys.seal_finish(self.next_out, output)?;
         self.writer.write_all(&data)?;
         self.output_bytes += data.len() as u64;
         self.next_out += 1;
+        data.clear();
+        spare.push(JobOutput { data, tag: None });
         Ok(())
+    }
+
+    fn key(&self) -> Option<KeyId> {
+        self.keys.as_ref().map(ChunkKeys::key_id)
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -379,16 +393,30 @@ impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
     }
 
     fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
+        self.accept_reusing(output, &mut Vec::new())
+    }
+
+    fn accept_reusing(
+        &mut self,
+        output: hetcrypt::Result<JobOutput>,
+        spare: &mut Vec<JobOutput>,
+    ) -> Result<()> {
         let keys = self
             .keys
             .as_ref()
             .expect("a job was handed out, so keys exist");
         let last = self.last == Some(self.next_out);
-        let data = keys.open_finish(self.next_out, output, last)?;
+        let mut data = keys.open_finish(self.next_out, output, last)?;
         self.writer.write_all(&data)?;
         self.plaintext_bytes += data.len() as u64;
         self.next_out += 1;
+        data.clear();
+        spare.push(JobOutput { data, tag: None });
         Ok(())
+    }
+
+    fn key(&self) -> Option<KeyId> {
+        self.keys.as_ref().map(ChunkKeys::key_id)
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The pipeline with many streams: failures stay with their stream, outputs stay in
-//! order, dispatchers are renewed without losing a message, failed engines are not
-//! used again.
+//! order, every finished message's key is removed from the one dispatcher, failed
+//! engines are not used again.
 
 mod common;
 
@@ -9,7 +9,6 @@ use std::io::{self, Write};
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
 use hetcrypt::policy::Pull;
-use hetcrypt_format::pipeline::MESSAGES_PER_DISPATCHER;
 use hetcrypt_format::{
     Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
     CHUNK_SIZE,
@@ -184,9 +183,10 @@ fn bad_files_among_good_ones_when_decrypting() {
 }
 
 #[test]
-fn many_messages_across_dispatcher_renewals() {
+fn many_messages_on_one_dispatcher_leave_no_key_behind() {
     let key = [6u8; 32];
-    let n = MESSAGES_PER_DISPATCHER * 2 + 10;
+    // More messages than the old per-dispatcher cap (1024) twice over.
+    let n = 2 * 1024 + 10;
     let pts: Vec<Vec<u8>> = (0..n).map(|i| common::pattern(i % 50, i as u64)).collect();
     let streams = pts.iter().map(|pt| {
         EncryptStream::new(
@@ -201,6 +201,11 @@ fn many_messages_across_dispatcher_renewals() {
     p.run(streams, &mut results).unwrap();
     assert_eq!(results.0.len(), n);
     assert_eq!(p.stats().jobs, n as u64);
+    assert!(
+        p.dispatcher().keys().is_empty(),
+        "{} message keys left registered",
+        p.dispatcher().keys().len()
+    );
     for (i, (stream, result)) in results.0.into_iter().enumerate() {
         result.unwrap();
         let ct = stream.into_parts().1;

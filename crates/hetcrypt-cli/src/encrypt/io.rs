@@ -180,6 +180,26 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Creates the directory `dest` (and missing parents) for a directory of an input
+/// tree; returns whether it was created (false: it was already there). A non-directory
+/// in its place is an error.
+pub fn make_dir(dest: &Path) -> io::Result<bool> {
+    match dest.symlink_metadata() {
+        Ok(m) if m.is_dir() => Ok(false),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a directory", dest.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(dest).map(|()| true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives a directory made by [`make_dir`] its input's permission bits.
+pub fn set_dir_mode(dest: &Path, mode: u32) -> io::Result<()> {
+    fs::set_permissions(dest, fs::Permissions::from_mode(mode))
+}
+
 /// The directory a path lies in (`.` for a bare name).
 fn parent(path: &Path) -> PathBuf {
     match path.parent() {

@@ -10,7 +10,8 @@
 //!   directory as a subdirectory of the same name.
 //!
 //! Symbolic links and special files inside trees are skipped (listed, not followed);
-//! when decrypting a tree, files without the `.hc` suffix are skipped.
+//! when decrypting a tree, files without the `.hc` suffix are skipped. Every directory
+//! of a tree, empty ones included, is recreated under OUT with its permission bits.
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -61,6 +62,17 @@ pub struct Work {
     pub mode: Option<u32>,
 }
 
+/// A directory of an input tree and its mirror in the output tree.
+#[derive(Debug)]
+pub struct Dir {
+    /// The input directory.
+    pub source: PathBuf,
+    /// The directory to create.
+    pub dest: PathBuf,
+    /// Permission bits to give it (the input's), once its files are written.
+    pub mode: u32,
+}
+
 /// An input left alone, and why.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Note {
@@ -75,6 +87,8 @@ pub struct Note {
 pub enum Entry {
     /// A message to process.
     Work(Work),
+    /// A directory of a tree to recreate (parents come before their children).
+    Dir(Dir),
     /// An input skipped on purpose (link, special file, unsuffixed file).
     Skipped(Note),
     /// An input that failed before any crypto (missing, unreadable directory, output
@@ -195,14 +209,9 @@ impl Plan {
         )
     }
 
-    /// The entry for one item of a walk of `dir` mirrored under `out`; `None` for
-    /// directories.
-    fn walked(
-        &self,
-        item: walkdir::Result<walkdir::DirEntry>,
-        dir: &Path,
-        out: &Path,
-    ) -> Option<Entry> {
+    /// The entry for one item of a walk of `dir` mirrored under `out`.
+    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, dir: &Path, out: &Path) -> Entry {
+        use std::os::unix::fs::PermissionsExt;
         let entry = match item {
             Ok(e) => e,
             Err(e) => {
@@ -211,40 +220,41 @@ impl Plan {
                     Some(io) => io.to_string(),
                     None => e.to_string(),
                 };
-                return Some(Entry::Failed(Self::note(&path, reason)));
+                return Entry::Failed(Self::note(&path, reason));
             }
         };
         let path = entry.path();
         let ft = entry.file_type();
-        if ft.is_dir() {
-            return None;
-        }
-        if ft.is_symlink() {
-            return Some(Entry::Skipped(Self::note(
-                path,
-                "symbolic link, not followed",
-            )));
-        }
-        if !ft.is_file() {
-            return Some(Entry::Skipped(Self::note(path, "not a regular file")));
-        }
         let rel = path
             .strip_prefix(dir)
             .expect("walkdir yields paths under its root");
+        if ft.is_dir() {
+            return match entry.metadata() {
+                Ok(meta) => Entry::Dir(Dir {
+                    source: path.to_path_buf(),
+                    dest: out.join(rel),
+                    mode: meta.permissions().mode() & 0o7777,
+                }),
+                Err(e) => Entry::Failed(Self::note(path, e.to_string())),
+            };
+        }
+        if ft.is_symlink() {
+            return Entry::Skipped(Self::note(path, "symbolic link, not followed"));
+        }
+        if !ft.is_file() {
+            return Entry::Skipped(Self::note(path, "not a regular file"));
+        }
         let Some(name) = out_name(entry.file_name(), self.way) else {
-            return Some(Entry::Skipped(Self::note(
-                path,
-                format!("no {SUFFIX} suffix"),
-            )));
+            return Entry::Skipped(Self::note(path, format!("no {SUFFIX} suffix")));
         };
         let dest = match rel.parent() {
             Some(p) => out.join(p).join(name),
             None => out.join(name),
         };
-        Some(match entry.metadata() {
+        match entry.metadata() {
             Ok(meta) => self.file(path, &meta, Dest::File(dest)),
             Err(e) => Entry::Failed(Self::note(path, e.to_string())),
-        })
+        }
     }
 }
 
@@ -257,10 +267,7 @@ impl Iterator for Plan {
                 match walk.next() {
                     Some(item) => {
                         let (dir, out) = (dir.clone(), out.clone());
-                        match self.walked(item, &dir, &out) {
-                            Some(entry) => return Some(entry),
-                            None => continue,
-                        }
+                        return Some(self.walked(item, &dir, &out));
                     }
                     None => self.walk = None,
                 }
