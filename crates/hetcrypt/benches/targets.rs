@@ -16,6 +16,10 @@
 //! the binary without cargo bench's `--bench` flag (e.g. `cargo test --benches`)
 //! unless `--full` is given.
 //!
+//! `--block-parallel on|off|auto` sets who runs CTR, CBC decryption and multi-buffer
+//! CBC encryption on the lanes under test of the `engine` and `chains` sections (the
+//! `aes` crate or EVP; `auto` by default, which is EVP on a CPU without AES-NI).
+//!
 //! `--cpu-time` times both sides by CPU time instead of wall time (ours: the process's
 //! CPU clock; openssl: `openssl speed` without `-elapsed`, its default). On a shared,
 //! loaded host a process waiting for a core loses wall time but not CPU time, so the
@@ -53,6 +57,10 @@ struct Opts {
     sections: Vec<String>,
     json: Option<std::fs::File>,
     cpu_time: bool,
+    /// Who runs CTR and CBC decryption on the lanes under test (`--block-parallel
+    /// on|off|auto`, default auto): `on` measures the `aes` crate where it would not
+    /// be chosen (its software backend, e.g. built with `--cfg aes_backend="soft"`).
+    parallel: BlockParallel,
 }
 
 impl Opts {
@@ -64,6 +72,7 @@ impl Opts {
             sections: Vec::new(),
             json: None,
             cpu_time: false,
+            parallel: BlockParallel::Auto,
         };
         // `cargo bench` passes `--bench`; without it (`cargo test --benches`, or the
         // binary run by hand) this is a smoke run unless `--full` says otherwise.
@@ -76,6 +85,13 @@ impl Opts {
             match arg.as_str() {
                 "--quick" => opts.quick = true,
                 "--cpu-time" => opts.cpu_time = true,
+                "--block-parallel" => {
+                    opts.parallel = match args.next().as_deref() {
+                        Some("on") => BlockParallel::On,
+                        Some("off") => BlockParallel::Off,
+                        _ => BlockParallel::Auto,
+                    }
+                }
                 "--rounds" => opts.rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(5),
                 "--seconds" => {
                     opts.seconds = args.next().and_then(|v| v.parse().ok()).unwrap_or(1.0)
@@ -285,7 +301,9 @@ fn engine(opts: &mut Opts) {
             data(KIB16, 1),
         )
         .expect("IV length fits");
-        let mut lane = CpuEngine::with_lanes(1).lane(0);
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(opts.parallel)
+            .lane(0);
         // The same lane with every job through EVP: what the default lane replaced
         // for CTR and CBC decryption (the `aes` crate, block-parallel).
         let mut evp_lane = CpuEngine::with_lanes(1)
@@ -566,7 +584,10 @@ fn chains(opts: &mut Opts) {
         let mut single = CpuEngine::with_lanes(1).multibuffer(1).lane(0);
         let mut outs = vec![JobOutput::default(); jobs.len()];
         for &n in widths {
-            let mut lane = CpuEngine::with_lanes(1).multibuffer(n).lane(0);
+            let mut lane = CpuEngine::with_lanes(1)
+                .block_parallel(opts.parallel)
+                .multibuffer(n)
+                .lane(0);
             let mut row = Row {
                 section: "chains",
                 name: format!("cbc encrypt {size}B, {n} chains vs 1 (EVP)"),

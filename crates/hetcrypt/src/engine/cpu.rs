@@ -58,18 +58,20 @@ fn is_block_parallel(cipher: Cipher, direction: Direction) -> bool {
     }
 }
 
-/// Who runs CTR and CBC decryption: the `aes` crate block-parallel, or OpenSSL EVP.
+/// Who runs the work that is parallel over blocks or messages — CTR, CBC decryption
+/// and multi-buffer CBC encryption: the `aes` crate, or OpenSSL EVP one job at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BlockParallel {
     /// The `aes` crate where the CPU has AES instructions (measured faster than EVP
-    /// there, docs/performance.md), EVP where it does not: OpenSSL's software AES
-    /// (bit-sliced/vector-permute) is faster than the crate's constant-time fallback.
+    /// there), EVP where it does not: without AES-NI, OpenSSL's vector-permute AES ran
+    /// CTR and CBC decryption 3x, and one CBC chain 2x, as fast as the crate's
+    /// constant-time software backend did all of them (docs/performance.md).
     #[default]
     Auto,
     /// Always the `aes` crate, even with its software backend (tests use this to
     /// cover that backend wherever they run).
     On,
-    /// Always EVP.
+    /// Always EVP (multi-buffer off too).
     Off,
 }
 
@@ -144,10 +146,21 @@ impl CpuEngine {
         self
     }
 
-    /// Sets who runs CTR and CBC decryption (default [`BlockParallel::Auto`]).
+    /// Sets who runs CTR, CBC decryption and multi-buffer CBC encryption (default
+    /// [`BlockParallel::Auto`]).
     pub fn block_parallel(mut self, parallel: BlockParallel) -> Self {
         self.parallel = parallel;
         self
+    }
+
+    /// The lockstep width lanes use: the configured one where the `aes` crate runs,
+    /// 1 (EVP one job at a time) where it does not.
+    fn chains(&self) -> usize {
+        if self.parallel.resolve() {
+            self.chains
+        } else {
+            1
+        }
     }
 
     /// Wraps the engine for a dispatcher.
@@ -160,12 +173,12 @@ impl CpuEngine {
         CpuLane {
             contexts: Vec::new(),
             aes_keys: Vec::new(),
-            chains: self.chains,
+            chains: self.chains(),
             parallel: self.parallel.resolve(),
             ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
-            picked: Vec::with_capacity(self.chains),
-            pads: Vec::with_capacity(self.chains),
+            picked: Vec::with_capacity(self.chains()),
+            pads: Vec::with_capacity(self.chains()),
         }
     }
 }
@@ -200,6 +213,7 @@ impl Engine for CpuEngine {
     fn info(&self) -> EngineInfo {
         let version = openssl::version::version();
         let parallel = self.parallel.resolve();
+        let chains = self.chains();
         EngineInfo {
             name: self.name.clone(),
             kind: EngineKind::Cpu,
@@ -211,16 +225,16 @@ impl Engine for CpuEngine {
                     let crate_ = format!("aes crate ({}) block-parallel", aes_backend());
                     let multibuf = format!(
                         "; batches: {}-way multi-buffer, aes crate ({})",
-                        self.chains,
+                        chains,
                         aes_backend()
                     );
-                    let multibuf = if self.chains > 1 { &multibuf[..] } else { "" };
+                    let multibuf = if chains > 1 { &multibuf[..] } else { "" };
                     let driver = match cipher.mode {
                         Mode::Ctr if parallel => crate_,
                         Mode::Cbc | Mode::CbcPkcs7 if parallel => {
                             format!("encryption {evp}{multibuf}; decryption {crate_}")
                         }
-                        Mode::Cbc | Mode::CbcPkcs7 if self.chains > 1 => {
+                        Mode::Cbc | Mode::CbcPkcs7 if chains > 1 => {
                             format!("{evp}; encryption{multibuf}")
                         }
                         _ => evp,
@@ -252,7 +266,7 @@ impl Engine for CpuEngine {
     }
 
     fn max_batch(&self) -> usize {
-        self.chains
+        self.chains()
     }
 }
 
@@ -692,7 +706,9 @@ mod tests {
         // included.
         let lens = [0, 1, 2, 3, 64, 5, 1, 0, 17, 8, 100, 1, 33, 2, 7, 9];
         for chains in [2, 4, 8, MAX_CHAINS] {
-            let engine = CpuEngine::with_lanes(1).multibuffer(chains);
+            let engine = CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::On)
+                .multibuffer(chains);
             let mut lane = engine.lane(0);
             for padded in [false, true] {
                 let jobs: Vec<Job> = lens
@@ -733,7 +749,7 @@ mod tests {
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
         let id = keys.add(Key::new((0..16).collect())).unwrap();
-        let engine = CpuEngine::with_lanes(1);
+        let engine = CpuEngine::with_lanes(1).block_parallel(BlockParallel::On);
         let mut lane = engine.lane(0);
         let jobs: Vec<Job> = (0..DEFAULT_CHAINS)
             .map(|i| {
@@ -780,7 +796,10 @@ mod tests {
         ));
         let keys = KeyStore::new();
         let id = keys.add(Key::new(key)).unwrap();
-        let mut lane = CpuEngine::with_lanes(1).multibuffer(4).lane(0);
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::On)
+            .multibuffer(4)
+            .lane(0);
         let jobs: Vec<Job> = (0..4)
             .map(|_| Job::new(Cipher::AES_128_CBC, Direction::Encrypt, id, iv, pt.clone()))
             .collect();
@@ -877,7 +896,13 @@ mod tests {
                 )
             })
             .collect();
-        let on = run_batch_of(&mut CpuEngine::with_lanes(1).lane(0), &keys, &jobs);
+        let on = run_batch_of(
+            &mut CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::On)
+                .lane(0),
+            &keys,
+            &jobs,
+        );
         let off = run_batch_of(
             &mut CpuEngine::with_lanes(1).multibuffer(1).lane(0),
             &keys,
@@ -1144,11 +1169,25 @@ mod tests {
         }
     }
 
-    /// `Auto` uses the `aes` crate exactly where it has AES instructions, and the
-    /// engine's info says which library serves each cipher.
+    /// `Auto` uses the `aes` crate exactly where it has AES instructions (multi-buffer
+    /// included), and the engine's info says which library serves each cipher.
     #[test]
     fn block_parallel_auto_follows_the_cpu_and_is_reported() {
         assert_eq!(BlockParallel::Auto.resolve(), aes::hardware_accelerated());
+        let auto = CpuEngine::with_lanes(1);
+        let width = if aes::hardware_accelerated() {
+            DEFAULT_CHAINS
+        } else {
+            1
+        };
+        assert_eq!(auto.max_batch(), width);
+        assert_eq!(auto.lane(0).chains, width);
+        assert_eq!(
+            CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::Off)
+                .max_batch(),
+            1
+        );
         for (parallel, uses_crate) in [(BlockParallel::On, true), (BlockParallel::Off, false)] {
             let info = CpuEngine::with_lanes(1).block_parallel(parallel).info();
             for driver in &info.ciphers {
