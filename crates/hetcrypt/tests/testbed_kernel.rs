@@ -575,3 +575,68 @@ fn big_gcm_jobs_go_to_the_cpu_under_pull_and_fail_clearly_on_the_kernel_alone() 
     );
     assert_eq!(batch.report.engines[1].jobs, 39);
 }
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd is readable")
+        .count()
+}
+
+#[test]
+fn forgotten_keys_close_their_sockets() {
+    if !in_testbed("forgotten_keys_close_their_sockets") {
+        return;
+    }
+    // 20 keys, under the lane's context cache bound (32), so nothing is evicted.
+    const KEYS: usize = 20;
+    let engine = engines().remove(0);
+    let keys = KeyStore::new();
+    let mut lane = engine.open_lane(0).expect("lane opens");
+    let before = open_fds();
+    let ids: Vec<KeyId> = (0..KEYS)
+        .map(|i| {
+            let key = vec![i as u8; 16];
+            let id = keys.add(Key::new(key.clone())).expect("valid key");
+            let job = Job::with_iv(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                id,
+                &[1; 16],
+                bytes(64, 5),
+            )
+            .expect("iv fits");
+            check(&mut *lane, &keys, &job, &key, &format!("key {i}"));
+            id
+        })
+        .collect();
+    let used = open_fds();
+    // One transform and one operation socket per key.
+    assert_eq!(used - before, 2 * KEYS, "sockets per key");
+    assert!(
+        lane.forget_keys(&ids[..KEYS / 2]),
+        "the kernel lane forgets keys"
+    );
+    assert_eq!(used - open_fds(), KEYS, "half the keys' sockets closed");
+    // The other keys' contexts still work.
+    let job = Job::with_iv(
+        Cipher::AES_128_CBC,
+        Direction::Encrypt,
+        ids[KEYS - 1],
+        &[1; 16],
+        bytes(64, 5),
+    )
+    .expect("iv fits");
+    check(
+        &mut *lane,
+        &keys,
+        &job,
+        &[(KEYS - 1) as u8; 16],
+        "a key not forgotten",
+    );
+    assert_eq!(
+        used - open_fds(),
+        KEYS,
+        "no socket reopened for a cached key"
+    );
+}
