@@ -399,7 +399,14 @@ fn run<S: FileStream>(
         if stdout_busy {
             eprintln!("{json}");
         } else {
-            println!("{json}");
+            use std::io::Write as _;
+            // A reader that stops early (`| head`) is not a failure of the run.
+            match writeln!(std::io::stdout().lock(), "{json}") {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(e).context("cannot write the summary to standard output");
+                }
+                _ => {}
+            }
         }
     } else if !args.quiet {
         eprint!("{}", summary.render());

@@ -232,7 +232,12 @@ impl Plan {
             return match entry.metadata() {
                 Ok(meta) => Entry::Dir(Dir {
                     source: path.to_path_buf(),
-                    dest: out.join(rel),
+                    // `out.join("")` would end the tree's root with a slash.
+                    dest: if rel.as_os_str().is_empty() {
+                        out.to_path_buf()
+                    } else {
+                        out.join(rel)
+                    },
                     mode: meta.permissions().mode() & 0o7777,
                 }),
                 Err(e) => Entry::Failed(Self::note(path, e.to_string())),

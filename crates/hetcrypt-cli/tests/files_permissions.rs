@@ -1,0 +1,141 @@
+//! Permission errors, which tests running as root cannot make with file modes (root
+//! bypasses them): sysfs refuses even root, deterministically. Reading a write-only
+//! attribute (`/sys/bus/pci/rescan`, mode 0200, no read method) fails with EACCES;
+//! creating a file in `/sys` fails with EACCES and a directory with EPERM. Each such
+//! input or output fails alone, is named in the summary, and leaves nothing behind.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hetcrypt"));
+    c.env_remove("HETCRYPT_ENGINES");
+    for a in args {
+        c.arg(a);
+    }
+    c.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A regular file that even root cannot open for reading (see the module doc).
+const UNREADABLE: &str = "/sys/bus/pci/rescan";
+
+fn key(dir: &Path) -> std::path::PathBuf {
+    let key = dir.join("key");
+    let o = run(&[&"keygen", &"-o", &key]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    key
+}
+
+fn no_temporaries(root: &Path) {
+    for e in walkdir::WalkDir::new(root) {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy();
+        assert!(
+            !name.ends_with(".tmp"),
+            "temporary left: {}",
+            e.path().display()
+        );
+    }
+}
+
+#[test]
+fn an_input_root_cannot_read_fails_alone_with_permission_denied() {
+    if !Path::new(UNREADABLE).is_file() {
+        eprintln!("SKIPPED: {UNREADABLE} does not exist here (no PCI bus in sysfs)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let good = t.path().join("good");
+    fs::write(&good, b"readable").unwrap();
+    let out = t.path().join("out");
+    let o = run(&[
+        &"encrypt",
+        &"--key",
+        &key,
+        &good,
+        &UNREADABLE,
+        &"-o",
+        &out,
+        &"--json",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files_ok"], 1);
+    assert_eq!(s["files_failed"], 1);
+    assert_eq!(s["failed"][0]["path"], UNREADABLE);
+    let reason = s["failed"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("Permission denied"), "{reason}");
+    assert!(out.join("good.hc").is_file());
+    assert!(!out.join("rescan.hc").exists());
+    no_temporaries(&out);
+}
+
+#[test]
+fn an_output_root_cannot_write_fails_with_permission_denied() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let good = t.path().join("good");
+    fs::write(&good, b"readable").unwrap();
+    let dest = Path::new("/sys/hetcrypt-test-output.hc");
+    let o = run(&[&"encrypt", &"--key", &key, &good, &"-o", &dest, &"--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files_ok"], 0);
+    let reason = s["failed"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("Permission denied"), "{reason}");
+    assert!(!dest.exists());
+
+    // A whole tree whose output root cannot be made: every folder and file is named.
+    let tree = t.path().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("sub/f"), b"x").unwrap();
+    fs::write(tree.join("g"), b"y").unwrap();
+    let root = Path::new("/sys/hetcrypt-test-tree");
+    let o = run(&[&"encrypt", &"--key", &key, &tree, &"-o", &root, &"--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files_ok"], 0);
+    // The two folders and the two files.
+    assert_eq!(
+        s["files_failed"],
+        4,
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let first = s["failed"][0]["reason"].as_str().unwrap();
+    assert!(
+        first.contains("cannot create the directory /sys/hetcrypt-test-tree:"),
+        "{first}"
+    );
+    assert!(!root.exists());
+}
+
+#[test]
+fn a_summary_reader_that_went_away_is_not_a_crash() {
+    // `hetcrypt encrypt ... --json | head -1`: the reader may be gone before the
+    // summary is written; the run itself succeeded.
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let good = t.path().join("good");
+    fs::write(&good, b"readable").unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_hetcrypt"))
+        .args(["encrypt", "--json", "--key"])
+        .arg(&key)
+        .arg(&good)
+        .arg("-o")
+        .arg(t.path().join("good.hc"))
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(t.path().join("good.hc").is_file());
+}
