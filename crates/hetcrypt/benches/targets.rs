@@ -12,6 +12,9 @@
 //! cargo bench -p hetcrypt --bench targets -- --quick       # ~1 s smoke run (CI)
 //! cargo bench -p hetcrypt --bench targets -- --rounds 9 --seconds 0.5 --json out.jsonl
 //! ```
+//! `--count pull|lane|evp BATCHES [SIZE]` runs untimed batches for an instruction
+//! counter (callgrind) instead.
+//!
 //! `HETCRYPT_BENCH_QUICK=1` in the environment means `--quick`, and so does running
 //! the binary without cargo bench's `--bench` flag (e.g. `cargo test --benches`)
 //! unless `--full` is given.
@@ -937,7 +940,53 @@ fn split(opts: &mut Opts) {
 /// A section of the harness: runs and reports its pairs.
 type Section = fn(&mut Opts);
 
+/// Jobs per batch of `--count` runs: the `dispatch` section's 1 KiB batch.
+const COUNT_JOBS: usize = 20_000;
+
+/// `--count pull|lane|evp BATCHES [SIZE]`: runs `BATCHES` batches of 20,000 CTR jobs of
+/// `SIZE` bytes (default 1024) through `pull` on one lane, a bare loop over the lane,
+/// or a bare EVP loop, untimed, for an instruction counter: run it under
+/// `valgrind --tool=callgrind` with 1 and 3 batches and divide the difference by
+/// 40,000 (docs/performance.md, "What dispatch costs").
+fn count(args: &[String]) {
+    let mode = args.first().map(String::as_str).unwrap_or("pull");
+    let batches: usize = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1);
+    let size: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let dispatcher =
+        Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine()]).expect("one engine");
+    let id = dispatcher
+        .add_key(Key::new(vec![0x2b; 16]))
+        .expect("valid key");
+    let jobs: Vec<Job> = (0..COUNT_JOBS)
+        .map(|i| {
+            let mut iv = [0u8; 16];
+            iv[..8].copy_from_slice(&(i as u64).to_be_bytes());
+            Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                id,
+                iv,
+                data(size, i),
+            )
+        })
+        .collect();
+    let mut lane = CpuEngine::with_lanes(1).lane(0);
+    let mut ctx = keyed_evp(Cipher::AES_128_CTR, Direction::Encrypt);
+    for _ in 0..batches {
+        match mode {
+            "lane" => drop(bare_lane(&mut lane, dispatcher.keys(), &jobs)),
+            "evp" => drop(bare_evp(&mut ctx, &jobs)),
+            _ => drop(dispatcher.run(&jobs, &Pull).expect("pull plans")),
+        }
+    }
+    println!("{mode}: {batches} batches of {COUNT_JOBS} {size}-byte CTR jobs");
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--count") {
+        return count(&args[at + 1..]);
+    }
     let mut opts = Opts::parse();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
