@@ -943,9 +943,10 @@ type Section = fn(&mut Opts);
 /// Jobs per batch of `--count` runs: the `dispatch` section's 1 KiB batch.
 const COUNT_JOBS: usize = 20_000;
 
-/// `--count pull|lane|evp BATCHES [SIZE]`: runs `BATCHES` batches of 20,000 CTR jobs of
-/// `SIZE` bytes (default 1024) through `pull` on one lane, a bare loop over the lane,
-/// or a bare EVP loop, untimed, for an instruction counter: run it under
+/// `--count pull|lane|evp|pull-reuse|lane-reuse BATCHES [SIZE]`: runs `BATCHES` batches
+/// of 20,000 CTR jobs of `SIZE` bytes (default 1024) through `pull` on one lane, a bare
+/// loop over the lane, or a bare EVP loop (`-reuse`: writing into the previous batch's
+/// outputs), untimed, for an instruction counter or a profiler: run it under
 /// `valgrind --tool=callgrind` with 1 and 3 batches and divide the difference by
 /// 40,000 (docs/performance.md, "What dispatch costs").
 fn count(args: &[String]) {
@@ -972,10 +973,16 @@ fn count(args: &[String]) {
         .collect();
     let mut lane = CpuEngine::with_lanes(1).lane(0);
     let mut ctx = keyed_evp(Cipher::AES_128_CTR, Direction::Encrypt);
+    let mut outs = vec![JobOutput::default(); jobs.len()];
+    let mut spare = Vec::new();
     for _ in 0..batches {
         match mode {
             "lane" => drop(bare_lane(&mut lane, dispatcher.keys(), &jobs)),
+            "lane-reuse" => bare_lane_into(&mut lane, dispatcher.keys(), &jobs, &mut outs),
             "evp" => drop(bare_evp(&mut ctx, &jobs)),
+            "pull-reuse" => {
+                spare = recycle(dispatcher.run_reusing(&jobs, &Pull, std::mem::take(&mut spare)))
+            }
             _ => drop(dispatcher.run(&jobs, &Pull).expect("pull plans")),
         }
     }
