@@ -204,6 +204,9 @@ struct AdaptiveSchedule {
     starts: Vec<AtomicU64>,
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
+    /// Per engine and class: trial jobs started beside the class's best single engine
+    /// before their slowdown was measured.
+    trials: Vec<AtomicUsize>,
     /// Per engine and class: whether the one re-measurement of this batch is unused.
     reprobe: Vec<AtomicBool>,
     /// Per engine: name and lane count at plan time (the model's key), whether it uses
@@ -318,6 +321,7 @@ impl AdaptiveSchedule {
         let per_engine_class = n_engines * classes.len();
         AdaptiveSchedule {
             probes: (0..per_engine_class).map(|_| AtomicUsize::new(0)).collect(),
+            trials: (0..per_engine_class).map(|_| AtomicUsize::new(0)).collect(),
             reprobe: (0..per_engine_class)
                 .map(|_| AtomicBool::new(true))
                 .collect(),
@@ -424,6 +428,10 @@ impl View for AdaptiveSchedule {
         self.probes[self.engine_class(e, q)].load(Ordering::Relaxed)
     }
 
+    fn trials(&self, e: usize, q: usize) -> usize {
+        self.trials[self.engine_class(e, q)].load(Ordering::Relaxed)
+    }
+
     fn may_reprobe(&self, e: usize, q: usize) -> bool {
         self.reprobe[self.engine_class(e, q)].load(Ordering::Relaxed)
     }
@@ -509,6 +517,13 @@ impl AdaptiveSchedule {
                         // Another lane of this engine used the re-measurement first.
                         continue;
                     }
+                    if self.take(q, 1, out) {
+                        return Some(q);
+                    }
+                }
+                Decision::Trial(q) => {
+                    let slot = self.engine_class(engine, q);
+                    self.trials[slot].fetch_add(1, Ordering::Relaxed);
                     if self.take(q, 1, out) {
                         return Some(q);
                     }
