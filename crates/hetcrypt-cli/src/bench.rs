@@ -45,8 +45,12 @@ reference, are outside it.
 Prints (and with --out DIR writes) Table A, the median time per policy and size with
 min-max (the seeds' Table 2); Table B, jobs done per engine (their Table 3); Table C,
 the speed-up against only:cpu and against the best single engine and the efficiency
-against the ideal combination (1/T* = sum over engines of 1/T(only:engine)); and a chart
-of time against file size (their Figure 9) as SVG and PNG.
+against the ideal combination (1/T* = sum over engines of 1/T(only:engine)); Table D,
+the speed-up against the best single engine paired run by run (each run against that
+engine's run of the same round) with a 95% confidence interval, flagged 'loss' where
+the whole interval is below 0.97x; and a chart of time against file size (their
+Figure 9) as SVG and PNG. Timings on a shared machine are noisy: use --reps 25 or more
+when the intervals matter.
 
 CBC runs with PKCS#7 padding: --cipher aes-128-cbc means aes-128-cbc-pkcs7 here, as the
 seeds' OpenSSL EVP calls padded, so file sizes need not be multiples of 16 (a decrypted
@@ -57,10 +61,11 @@ policy when only one engine is available) are skipped with the reason, never fak
 
 The seeds' setup in the QEMU testbed (one CPU lane and the virtio-crypto device; the
 generic `kernel` engine would pick the kernel's own AES-NI driver instead):
-  testbed/run --profile soft --out results -- hetcrypt bench -q --cpu-chains 1 \\
+  testbed/run --profile soft --out results -- hetcrypt bench -q \\
     --engines cpu,kernel:virtio_crypto_aes_cbc --files 400 --reps 3 --out /out/soft
-The soft profile masks AES-NI for OpenSSL only; --cpu-chains 1 keeps every cpu job in
-OpenSSL (the multi-buffer path's aes crate would still find AES-NI)."
+The soft profile takes the AES instructions out of the guest CPU, so every cpu path is
+software AES; --cpu-chains 1 would also keep CBC encryption in OpenSSL (one chain at a
+time, as the seeds' CPU did) instead of the multi-buffer path."
 )]
 pub struct Args {
     /// Files (jobs) per size.

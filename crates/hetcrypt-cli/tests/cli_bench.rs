@@ -105,6 +105,7 @@ fn out_dir_gets_markdown_json_and_charts() {
     assert!(md.contains("## Table A"), "{md}");
     assert!(md.contains("## Table B"), "{md}");
     assert!(md.contains("## Table C"), "{md}");
+    assert!(md.contains("## Table D"), "{md}");
 
     let written = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(written.contains("![time per policy against file size](bench.svg)"));

@@ -77,6 +77,26 @@ pub fn comparison_table(report: &BenchReport) -> Grid {
     })
 }
 
+/// A paired ratio below this whose whole confidence interval lies below it is a loss
+/// to the best single engine beyond measurement noise (the contract `adaptive` is held
+/// to: never more than 3% slower).
+pub const LOSS_BELOW: f64 = 0.97;
+
+/// Table D: the best single engine's time over each policy's, paired round by round:
+/// median [interval], flagged where the whole interval is a loss.
+pub fn paired_table(report: &BenchReport) -> Grid {
+    per_policy(report, |_, r| match r.paired_vs_best_single {
+        Some(p) => format!(
+            "{:.2}x [{:.2}-{:.2}]{}",
+            p.median,
+            p.low,
+            p.high,
+            if p.high < LOSS_BELOW { " loss" } else { "" }
+        ),
+        None => "n/a".to_string(),
+    })
+}
+
 /// The whole Markdown report.
 pub fn markdown(report: &BenchReport, chart: Option<&str>) -> String {
     let m = &report.machine;
@@ -156,6 +176,22 @@ pub fn markdown(report: &BenchReport, chart: Option<&str>) -> String {
     }
     md.push('\n');
     md.push_str(&ideal.markdown());
+    let confidence = report
+        .sizes
+        .iter()
+        .flat_map(|s| &s.policies)
+        .find_map(|p| p.paired_vs_best_single)
+        .map_or(0.0, |p| p.confidence);
+    md.push_str(&format!(
+        "\n## Table D: speed-up against the best single engine, paired run by run\n\n\
+         Each run of a policy is compared with the best single engine's run of the same \
+         round (policies take turns within a round, so each pair saw the same machine \
+         state): median of those ratios [its {:.0}% confidence interval, from order \
+         statistics]. \"loss\" marks an interval wholly below {LOSS_BELOW}x: slower than \
+         the best single engine beyond measurement noise.\n\n",
+        confidence * 100.0
+    ));
+    md.push_str(&paired_table(report).markdown());
     if let Some(chart) = chart {
         md.push_str(&format!(
             "\n## Time against file size\n\n![time per policy against file size]({chart})\n"
