@@ -384,14 +384,19 @@ enum Verdict {
 }
 
 /// The engine in `mask` that would finish class `q` soonest on its own: most lanes per
-/// second of undisturbed time per job (or of any time, until measured undisturbed).
+/// second of undisturbed time per job (until measured undisturbed, of any time less the
+/// engine's measured slowdown beside others: an engine that has only run beside
+/// another, e.g. its trials, must not look slower than it is and stay out for good).
 fn best_single<V: View + ?Sized>(v: &V, q: usize) -> Option<usize> {
     let mask = v.class_engines(q);
     (0..v.engines())
         .filter(|&o| mask.contains(o) && v.lanes(o) > 0)
         .filter_map(|o| {
-            let c = v.alone(o, q).or_else(|| v.cost(o, q))?;
-            (c.wall > 0.0).then(|| (o, v.lanes(o) as f64 / c.wall))
+            let wall = match v.alone(o, q) {
+                Some(a) => a.wall,
+                None => v.cost(o, q)?.wall * (1.0 - v.slowdown(o).unwrap_or(0.0)),
+            };
+            (wall > 0.0).then(|| (o, v.lanes(o) as f64 / wall))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(o, _)| o)
