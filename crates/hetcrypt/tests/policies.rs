@@ -433,3 +433,40 @@ fn calibration_measures_each_size_on_each_side() {
         Err(Error::Policy { .. })
     ));
 }
+
+/// `adaptive` measures each engine's cost for a new class of jobs *alone* (its probes
+/// run while the other engine starts nothing), so an engine is never judged only by
+/// its time beside another one, which on a shared core can be 2-3x its own. After one
+/// batch of a single class on two engines, both have an undisturbed estimate. (The
+/// batch is ~50 MB of AES-256-GCM, tens of milliseconds even on AES-NI, so a lane
+/// that waits while the other engine probes has time to wake for its own probes.)
+#[test]
+fn adaptive_measures_each_engine_alone_on_a_new_class() {
+    use hetcrypt::policy::adaptive::Adaptive;
+    let (d, keys) = dispatcher(two_cpus());
+    let cipher = Cipher::AES_256_GCM;
+    let mut mix = Mix(7);
+    let jobs: Vec<Job> = (0..3000)
+        .map(|_| {
+            let iv = mix.bytes(cipher.iv_len());
+            Job::with_iv(
+                cipher,
+                Direction::Encrypt,
+                key_for(&keys, cipher),
+                &iv,
+                mix.bytes(16 * 1024),
+            )
+            .unwrap()
+        })
+        .collect();
+    let adaptive = Adaptive::new();
+    run_and_check(&d, &jobs, &adaptive);
+    let learned = adaptive.learned();
+    for engine in ["cpu", "cpu-b"] {
+        let entry = learned
+            .iter()
+            .find(|l| l.engine == engine && l.min_len == 16 * 1024)
+            .unwrap_or_else(|| panic!("{engine} learned nothing: {learned:?}"));
+        assert!(entry.alone.is_some(), "{engine}: {learned:?}");
+    }
+}

@@ -47,6 +47,9 @@ use crate::error::Result;
 /// the lanes doing the work.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
+/// No lane holds the solo.
+const NO_SOLO: usize = usize::MAX;
+
 /// What the model is keyed by across batches: engine name and lane count (a lane's
 /// cost depends on how many lanes share the host), cipher, direction, size bucket.
 type ModelKey = (String, usize, Cipher, Direction, usize);
@@ -175,6 +178,8 @@ struct Pull {
     /// an "alone" sample.
     beside_others: bool,
     others_started: u64,
+    /// Whether this was a solo probe: the lane holds the schedule's solo until booked.
+    solo: bool,
     /// Whether the lane took as many jobs as it asked for: a batching engine's partial
     /// pull (the last jobs of a class) costs more per job than its usual one, so it
     /// only teaches an estimate that has nothing better yet.
@@ -239,6 +244,11 @@ struct AdaptiveSchedule {
     idle: Vec<AtomicUsize>,
     /// Bumped by every wake-up event; a streak lasts while it is unchanged.
     epoch: AtomicU64,
+    /// The engine whose lane is measuring a class alone ([`NO_SOLO`] if none): the
+    /// other engines start no pull until it has booked its probe.
+    solo: AtomicUsize,
+    /// Solo probes in progress (of the holder's lanes); the solo ends with the last.
+    solo_pulls: AtomicUsize,
     learned: Model,
     wait: Mutex<()>,
     wake: Condvar,
@@ -365,6 +375,8 @@ impl AdaptiveSchedule {
                 .collect(),
             idle: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
             epoch: AtomicU64::new(0),
+            solo: AtomicUsize::new(NO_SOLO),
+            solo_pulls: AtomicUsize::new(0),
             learned,
             wait: Mutex::new(()),
             wake: Condvar::new(),
@@ -500,6 +512,43 @@ impl AdaptiveSchedule {
         (busy, started)
     }
 
+    /// Whether a probe of class `q` by `engine` must run alone: the engine has no
+    /// undisturbed estimate of the class, and another working engine could run it. An
+    /// engine measured only beside others can look slower than it is (on one core, a
+    /// module job beside a busy CPU lane took 2-3x its time alone) and then never get
+    /// the class.
+    fn needs_solo(&self, engine: usize, q: usize) -> bool {
+        let mask = self.classes[q].engines;
+        self.interference[engine]
+            .alone(self.classes[q].key)
+            .is_none()
+            && (0..self.alive.len()).any(|e| e != engine && mask.contains(e) && self.lanes(e) > 0)
+    }
+
+    /// The engine holding the solo, or [`NO_SOLO`]. A failed engine's solo is void (a
+    /// lane of it may have taken the solo as the engine failed; its probe will never
+    /// be booked) and is cleared here.
+    fn solo_holder(&self) -> usize {
+        let holder = self.solo.load(Ordering::Acquire);
+        if holder == NO_SOLO || self.lanes(holder) > 0 {
+            return holder;
+        }
+        if self
+            .solo
+            .compare_exchange(holder, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.solo_pulls.store(0, Ordering::Release);
+        }
+        NO_SOLO
+    }
+
+    /// Whether a lane of an engine other than `engine` has a pull in progress.
+    fn others_busy(&self, engine: usize) -> bool {
+        (0..self.busy.len())
+            .any(|e| e != engine && self.lanes(e) > 0 && self.busy[e].load(Ordering::Acquire) > 0)
+    }
+
     /// Whether every lane of the engines other than `engine` is waiting or done.
     fn others_idle(&self, engine: usize) -> bool {
         (0..self.alive.len())
@@ -510,7 +559,23 @@ impl AdaptiveSchedule {
     /// Books the lane's previous pull, which ended now: wall time per job, and CPU time
     /// per job for module lanes (software lanes: the wall time, see the module docs).
     fn book(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
-        self.busy[engine].fetch_sub(1, Ordering::AcqRel);
+        self.record(engine, pull, now, cpu_now);
+        let last = self.busy[engine].fetch_sub(1, Ordering::AcqRel) == 1;
+        let released = pull.solo
+            && self.solo_pulls.fetch_sub(1, Ordering::AcqRel) == 1
+            && self
+                .solo
+                .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if released || (last && self.solo.load(Ordering::Acquire) != NO_SOLO) {
+            // The solo's probes are booked, or a lane waiting to measure alone may start.
+            self.notify();
+        }
+    }
+
+    /// Adds the lane's previous pull to the estimates (see [`AdaptiveSchedule::book`]);
+    /// while its engine still counts it busy, so "alone" means alone.
+    fn record(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
         let k = engine * self.keys.len() + pull.key;
         if !pull.full && self.estimates[k].cost().is_some() {
             return;
@@ -539,9 +604,11 @@ impl AdaptiveSchedule {
         out: &mut Vec<usize>,
         waited: &mut bool,
         streak: &mut Option<(u64, usize)>,
+        solo: &mut bool,
     ) -> Option<usize> {
         if let Some((epoch, q)) = streak.take() {
             if epoch == self.epoch.load(Ordering::Acquire)
+                && self.solo_holder() == NO_SOLO
                 && self.others_idle(engine)
                 && self.take(q, max, out)
             {
@@ -552,7 +619,37 @@ impl AdaptiveSchedule {
         let mut announced = false;
         loop {
             let epoch = self.epoch.load(Ordering::Acquire);
-            match decide(self, engine) {
+            let holder = self.solo_holder();
+            let decision = if holder != NO_SOLO && holder != engine {
+                // Another engine is measuring a class alone.
+                Decision::Wait
+            } else {
+                decide(self, engine)
+            };
+            let wants_solo = matches!(decision, Decision::Probe(q) if self.needs_solo(engine, q));
+            if holder == engine && !wants_solo && self.solo_pulls.load(Ordering::Acquire) == 0 {
+                // The probe this engine held the solo for is no longer wanted.
+                self.solo.store(NO_SOLO, Ordering::Release);
+                self.notify();
+            }
+            *solo = false;
+            let decision = if !wants_solo {
+                decision
+            } else if holder != engine
+                && self
+                    .solo
+                    .compare_exchange(NO_SOLO, engine, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+            {
+                Decision::Wait
+            } else if self.others_busy(engine) {
+                // Holding the solo: wait for the other engines' pulls to end.
+                Decision::Wait
+            } else {
+                *solo = true;
+                decision
+            };
+            match decision {
                 Decision::Take(q) => {
                     if self.take(q, max, out) {
                         if self.others_idle(engine) {
@@ -596,7 +693,15 @@ impl AdaptiveSchedule {
                     }
                     // Decide again under the lock, so a wake-up sent after this check
                     // cannot be missed.
-                    if decide(self, engine) == Decision::Wait {
+                    let holder = self.solo_holder();
+                    let still = if holder == NO_SOLO {
+                        decide(self, engine) == Decision::Wait
+                    } else if holder == engine {
+                        self.others_busy(engine)
+                    } else {
+                        true
+                    };
+                    if still {
                         self.idle[engine].fetch_add(1, Ordering::AcqRel);
                         drop(
                             self.wake
@@ -625,7 +730,9 @@ impl Schedule for AdaptiveSchedule {
         }
         let before = out.len();
         let mut waited = false;
-        let Some(q) = self.choose(engine, max, out, &mut waited, &mut state.streak) else {
+        let mut solo = false;
+        let Some(q) = self.choose(engine, max, out, &mut waited, &mut state.streak, &mut solo)
+        else {
             return false;
         };
         // After a wait, the jobs start now, not when the lane asked.
@@ -636,6 +743,9 @@ impl Schedule for AdaptiveSchedule {
         };
         self.busy[engine].fetch_add(1, Ordering::AcqRel);
         self.starts[engine].fetch_add(1, Ordering::AcqRel);
+        if solo {
+            self.solo_pulls.fetch_add(1, Ordering::AcqRel);
+        }
         let (beside_others, others_started) = self.others(engine);
         let jobs = out.len() - before;
         state.pull = Some(Pull {
@@ -645,6 +755,7 @@ impl Schedule for AdaptiveSchedule {
             cpu_since,
             beside_others,
             others_started,
+            solo,
             full: jobs >= max,
         });
         true
@@ -653,6 +764,17 @@ impl Schedule for AdaptiveSchedule {
     fn engine_failed(&self, engine: usize) -> Vec<usize> {
         if let Some(alive) = self.alive.get(engine) {
             alive.store(0, Ordering::Release);
+        }
+        // A failed engine's pulls, its solo probes included, will never be booked.
+        if let Some(busy) = self.busy.get(engine) {
+            busy.store(0, Ordering::Release);
+        }
+        if self
+            .solo
+            .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.solo_pulls.store(0, Ordering::Release);
         }
         let mut working = EngineMask::default();
         for e in 0..self.alive.len() {
