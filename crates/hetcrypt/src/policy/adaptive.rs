@@ -27,6 +27,14 @@
 //! waits inside [`Schedule::next`]; it is woken when a class runs out, an estimate
 //! becomes usable, an engine fails or another lane starts waiting (so stale decisions
 //! are re-taken together), and re-checks every [`WAIT_RECHECK`] regardless.
+//!
+//! **Solo probes and streaks.** An engine's first probes of a class run *alone*: the
+//! probing lane holds the schedule's solo, and the other engines start no pull until
+//! its probes are booked, so every engine has an undisturbed cost to be compared by
+//! (beside a busy CPU lane on one core, a module request took 2-3x its own time, and a
+//! module judged by that never got the jobs it was best at). While every lane of the
+//! other engines waits, a lane keeps taking from the class it last chose without
+//! deciding again until some event bumps the schedule's epoch.
 
 pub mod model;
 

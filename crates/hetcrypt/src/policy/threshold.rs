@@ -260,56 +260,62 @@ pub fn calibrate(
     let mut key = vec![0u8; cipher.key_len()];
     openssl::rand::rand_bytes(&mut key)?;
     let key = dispatcher.add_key(Key::new(key))?;
-    let iv = vec![0u8; cipher.iv_len()];
-
-    let mut points = Vec::new();
-    for len in PROBE_SIZES {
-        let n = (PROBE_BYTES / len).clamp(PROBE_MIN_JOBS, PROBE_MAX_JOBS);
-        let plain: Vec<Job> = (0..n)
-            .map(|_| Job::with_iv(cipher, Direction::Encrypt, key, &iv, vec![0u8; len]))
-            .collect::<Result<_>>()?;
-        let jobs = match direction {
-            Direction::Encrypt => plain,
-            // Decryption needs real ciphertext (and tags): seal the probes first.
-            Direction::Decrypt => {
-                let sealed = timed_run(dispatcher, &plain, &small)?.1;
-                plain
-                    .iter()
-                    .zip(sealed)
-                    .map(|(job, out)| {
-                        let mut dec =
-                            Job::with_iv(cipher, Direction::Decrypt, key, job.iv(), out.data)?;
-                        dec.tag = out.tag;
-                        Ok(dec)
-                    })
-                    .collect::<Result<_>>()?
+    // The probe key is removed whatever happens, so it does not outlive the
+    // calibration in the dispatcher's key store.
+    let measured = (|| -> Result<Vec<CalibrationPoint>> {
+        let iv = vec![0u8; cipher.iv_len()];
+        let mut points = Vec::new();
+        for len in PROBE_SIZES {
+            let n = (PROBE_BYTES / len).clamp(PROBE_MIN_JOBS, PROBE_MAX_JOBS);
+            let plain: Vec<Job> = (0..n)
+                .map(|_| Job::with_iv(cipher, Direction::Encrypt, key, &iv, vec![0u8; len]))
+                .collect::<Result<_>>()?;
+            let jobs = match direction {
+                Direction::Encrypt => plain,
+                // Decryption needs real ciphertext (and tags): seal the probes first.
+                Direction::Decrypt => {
+                    let sealed = timed_run(dispatcher, &plain, &small)?.1;
+                    plain
+                        .iter()
+                        .zip(sealed)
+                        .map(|(job, out)| {
+                            let mut dec =
+                                Job::with_iv(cipher, Direction::Decrypt, key, job.iv(), out.data)?;
+                            dec.tag = out.tag;
+                            Ok(dec)
+                        })
+                        .collect::<Result<_>>()?
+                }
+            };
+            let bytes = (n * len) as f64;
+            let throughput = |engine: &str| -> Result<f64> {
+                let mut walls = Vec::with_capacity(PROBE_REPEATS);
+                for _ in 0..PROBE_REPEATS {
+                    walls.push(timed_run(dispatcher, &jobs, engine)?.0);
+                }
+                walls.sort();
+                let median = walls[PROBE_REPEATS / 2].as_secs_f64();
+                Ok(if median > 0.0 {
+                    bytes / median
+                } else {
+                    f64::INFINITY
+                })
+            };
+            let small_rate = throughput(&small)?;
+            let mut large_rate: f64 = 0.0;
+            for engine in &large {
+                large_rate = large_rate.max(throughput(engine)?);
             }
-        };
-        let bytes = (n * len) as f64;
-        let throughput = |engine: &str| -> Result<f64> {
-            let mut walls = Vec::with_capacity(PROBE_REPEATS);
-            for _ in 0..PROBE_REPEATS {
-                walls.push(timed_run(dispatcher, &jobs, engine)?.0);
-            }
-            walls.sort();
-            let median = walls[PROBE_REPEATS / 2].as_secs_f64();
-            Ok(if median > 0.0 {
-                bytes / median
-            } else {
-                f64::INFINITY
-            })
-        };
-        let small_rate = throughput(&small)?;
-        let mut large_rate: f64 = 0.0;
-        for engine in &large {
-            large_rate = large_rate.max(throughput(engine)?);
+            points.push(CalibrationPoint {
+                len,
+                small: small_rate,
+                large: large_rate,
+            });
         }
-        points.push(CalibrationPoint {
-            len,
-            small: small_rate,
-            large: large_rate,
-        });
-    }
+        Ok(points)
+    })();
+    dispatcher.remove_key(key)?;
+    let points = measured?;
     let rates: Vec<(usize, f64, f64)> = points.iter().map(|p| (p.len, p.small, p.large)).collect();
     Ok(Calibration {
         threshold: crossover(&rates),
