@@ -452,9 +452,12 @@ fn lane_pass(
     outs: &mut [JobOutput],
 ) {
     let mut results: Vec<hetcrypt::Result<()>> = (0..batch).map(|_| Ok(())).collect();
+    let mut refs: Vec<&Job> = Vec::with_capacity(batch);
     for (chunk, outs) in jobs.chunks(batch).zip(outs.chunks_mut(batch)) {
-        let refs: Vec<&Job> = chunk.iter().collect();
+        refs.clear();
+        refs.extend(chunk);
         lane.run_batch(&refs, keys, outs, &mut results[..chunk.len()]);
+        debug_assert!(results.iter().all(|r| r.is_ok()), "bench jobs run");
     }
 }
 
@@ -645,24 +648,25 @@ fn bare_evp_into(ctx: &mut CipherCtx, jobs: &[Job], outs: &mut [Vec<u8>]) {
     }
 }
 
-/// A bare loop over the same lane the dispatcher runs (`Lane::run`, one job at a
-/// time into a fresh output each): the `pull` rows against this one are the dispatch
-/// tax alone, with the same primitive on both sides.
+/// A bare loop over the same lane the dispatcher runs, called the way a `pull` lane
+/// thread calls it (`Lane::run_batch` on the engine's `max_batch` jobs at a time) into
+/// a fresh output per job: the `pull` rows against this one are the dispatch tax
+/// alone, with the same primitive on both sides.
 fn bare_lane(lane: &mut dyn Lane, keys: &KeyStore, jobs: &[Job]) -> Vec<JobOutput> {
-    jobs.iter()
-        .map(|job| {
-            let mut out = JobOutput::default();
-            lane.run(job, keys, &mut out).expect("bench job runs");
-            out
-        })
-        .collect()
+    let mut outs = vec![JobOutput::default(); jobs.len()];
+    bare_lane_into(lane, keys, jobs, &mut outs);
+    outs
 }
 
 /// [`bare_lane`] writing into `outs` (one output per job, reused from call to call).
 fn bare_lane_into(lane: &mut dyn Lane, keys: &KeyStore, jobs: &[Job], outs: &mut [JobOutput]) {
-    for (job, out) in jobs.iter().zip(outs.iter_mut()) {
-        lane.run(job, keys, out).expect("bench job runs");
-    }
+    lane_pass(
+        lane,
+        keys,
+        jobs,
+        engine_batch(&CpuEngine::with_lanes(1)),
+        outs,
+    );
 }
 
 /// `dispatch`: AES-128-CTR jobs through `pull` on one lane vs the bare EVP loop on the

@@ -178,6 +178,7 @@ impl CpuEngine {
             ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
             picked: Vec::with_capacity(self.chains()),
+            ctr_picked: Vec::with_capacity(self.chains()),
             pads: Vec::with_capacity(self.chains()),
         }
     }
@@ -308,6 +309,8 @@ pub struct CpuLane {
     core: Option<usize>,
     /// Batch positions of the CBC encryption jobs of the current batch.
     picked: Vec<usize>,
+    /// Batch positions of the CTR jobs of the current batch (block-parallel lanes).
+    ctr_picked: Vec<usize>,
     /// The PKCS#7-padded last block of each job of the current batch.
     pads: Vec<[u8; BLOCK_LEN]>,
 }
@@ -381,15 +384,8 @@ impl CpuLane {
             expected: BLOCK_LEN,
             got: job.iv().len(),
         })?;
-        out.tag = None;
         let len = job.input.len();
-        if out.data.capacity() < len {
-            out.data = vec![0; len]; // one zeroed allocation
-        } else {
-            // Every byte is overwritten: zero only what the buffer grows by.
-            out.data.truncate(len);
-            out.data.resize(len, 0);
-        }
+        size_output(out, len);
         if job.cipher.mode == Mode::Ctr {
             let scratch = self
                 .ctr_scratch
@@ -406,6 +402,53 @@ impl CpuLane {
             out.data.truncate(last + kept);
         }
         Ok(())
+    }
+
+    /// Runs the validated CTR jobs `group` (batch positions in ascending order, all
+    /// under one key and key size) in one call of the `aes` crate's backend.
+    fn run_ctr_group(
+        &mut self,
+        jobs: &[&Job],
+        group: &[usize],
+        keys: &KeyStore,
+        outs: &mut [JobOutput],
+        results: &mut [Result<()>],
+    ) {
+        let first = jobs[group[0]];
+        let key = match aes_key(&mut self.aes_keys, first.key, first.cipher, keys) {
+            Ok(key) => key,
+            Err(e) => {
+                for &k in group {
+                    outs[k].data.clear();
+                    outs[k].tag = None;
+                    results[k] = Err(copy_error(&e));
+                }
+                return;
+            }
+        };
+        let messages = outs
+            .iter_mut()
+            .enumerate()
+            .filter(|(k, _)| group.contains(k))
+            .map(|(k, out)| {
+                let job = jobs[k];
+                size_output(out, job.input.len());
+                parallel::CtrMessage {
+                    iv: job
+                        .iv()
+                        .try_into()
+                        .expect("validate() checked the IV length"),
+                    input: &job.input,
+                    out: &mut out.data,
+                }
+            });
+        let scratch = self
+            .ctr_scratch
+            .get_or_insert_with(parallel::CtrScratch::new);
+        parallel::ctr_messages(key, messages, scratch);
+        for &k in group {
+            results[k] = Ok(());
+        }
     }
 
     /// Runs the CBC encryption jobs `group` (batch positions, all under one key and
@@ -454,6 +497,18 @@ impl CpuLane {
         for &k in group {
             results[k] = Ok(());
         }
+    }
+}
+
+/// Makes `out` a `len`-byte output with no tag, for a path that overwrites every byte:
+/// a fresh buffer is one zeroed allocation, a reused one is zeroed only where it grows.
+fn size_output(out: &mut JobOutput, len: usize) {
+    out.tag = None;
+    if out.data.capacity() < len {
+        out.data = vec![0; len];
+    } else {
+        out.data.truncate(len);
+        out.data.resize(len, 0);
     }
 }
 
@@ -545,7 +600,9 @@ impl Lane for CpuLane {
     }
 
     /// Sends the batch's CBC encryption jobs, grouped by key, through multi-buffer
-    /// lockstep; every other job (and a lone CBC encryption job) through EVP.
+    /// lockstep and its CTR jobs, grouped by key, through one `aes` crate backend call
+    /// per group (block-parallel lanes); every other job (and a lone CBC encryption
+    /// job) one at a time.
     fn run_batch(
         &mut self,
         jobs: &[&Job],
@@ -561,16 +618,35 @@ impl Lane for CpuLane {
         }
         let mut picked = std::mem::take(&mut self.picked);
         picked.clear();
+        let mut ctr_picked = std::mem::take(&mut self.ctr_picked);
+        ctr_picked.clear();
         for (k, job) in jobs.iter().enumerate() {
             if self.chains > 1 && is_cbc_encrypt(job) {
                 match job.validate() {
                     Ok(()) => picked.push(k),
                     Err(e) => results[k] = Err(e),
                 }
+            } else if self.parallel && job.cipher.mode == Mode::Ctr {
+                match job.validate() {
+                    Ok(()) => ctr_picked.push(k),
+                    Err(e) => {
+                        outs[k].data.clear();
+                        outs[k].tag = None;
+                        results[k] = Err(e);
+                    }
+                }
             } else {
                 results[k] = self.run_one(job, keys, &mut outs[k]);
             }
         }
+        // CTR jobs under the same key (and key size) share one backend call.
+        ctr_picked.sort_by_key(|&k| (jobs[k].key, jobs[k].cipher.key_size));
+        for group in ctr_picked.chunk_by(|&a, &b| {
+            (jobs[a].key, jobs[a].cipher.key_size) == (jobs[b].key, jobs[b].cipher.key_size)
+        }) {
+            self.run_ctr_group(jobs, group, keys, outs, results);
+        }
+        self.ctr_picked = ctr_picked;
         if picked.is_empty() {
             self.picked = picked;
             return;
@@ -1160,6 +1236,43 @@ mod tests {
                     Ok(()) => panic!("{parallel:?} case {i}: no error"),
                 }
                 assert!(out.data.is_empty(), "{parallel:?} case {i}: output left");
+            }
+            // The same jobs as one batch, with good CTR jobs under two keys among
+            // them: each bad one fails alone, the good ones match OpenSSL.
+            let good = |key, len| {
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    key,
+                    [3; 16],
+                    vec![5; len],
+                )
+            };
+            let other = keys.add(Key::new(vec![6; 16])).unwrap();
+            let mut batch: Vec<Job> = cases.iter().map(|(job, _)| job.clone()).collect();
+            batch.insert(3, good(id, 100));
+            batch.insert(7, good(other, 1500));
+            batch.push(good(id, 0));
+            for (i, out) in run_batch_of(&mut lane, &keys, &batch)
+                .into_iter()
+                .enumerate()
+            {
+                let key = if batch[i].key == other {
+                    [6; 16]
+                } else {
+                    [4; 16]
+                };
+                match (i, out) {
+                    (3 | 7, Ok(out)) => {
+                        assert_eq!(out.data, reference_any(&batch[i], &key).unwrap(), "{i}")
+                    }
+                    (i, Ok(out)) if i == batch.len() - 1 => assert!(out.data.is_empty()),
+                    (i, Err(e)) => {
+                        let case = i - usize::from(i > 3) - usize::from(i > 7);
+                        assert!(cases[case].1(&e), "{parallel:?} batch job {i}: {e:?}");
+                    }
+                    (i, Ok(_)) => panic!("{parallel:?} batch job {i}: no error"),
+                }
             }
             // The lane goes on after errors: a good padded message still decrypts.
             let mut out = JobOutput::default();

@@ -75,13 +75,32 @@ pub(crate) fn ctr(
     out: &mut [u8],
     scratch: &mut CtrScratch,
 ) {
-    assert_eq!(input.len(), out.len(), "CTR output must match its input");
-    let run = Ctr {
-        counter: u128::from_be_bytes(iv),
-        input,
-        out,
-        scratch,
-    };
+    ctr_messages(key, std::iter::once(CtrMessage { iv, input, out }), scratch);
+}
+
+/// One CTR message of a batch: its IV (initial counter block), input, and output (as
+/// long as the input).
+pub(crate) struct CtrMessage<'a> {
+    /// The initial counter block.
+    pub(crate) iv: [u8; BLOCK_LEN],
+    /// Plaintext or ciphertext.
+    pub(crate) input: &'a [u8],
+    /// Where the result goes, as long as `input`.
+    pub(crate) out: &'a mut [u8],
+}
+
+/// [`ctr`] on several messages under one key, inside one backend call: the backend
+/// is chosen and its round keys loaded once for the lot (for small jobs that set-up
+/// is a large part of the work).
+///
+/// # Panics
+/// If a message's `out` is not as long as its `input` (a caller bug).
+pub(crate) fn ctr_messages<'a>(
+    key: &AesKey,
+    messages: impl Iterator<Item = CtrMessage<'a>>,
+    scratch: &mut CtrScratch,
+) {
+    let run = Ctr { messages, scratch };
     match key {
         AesKey::Aes128(k) => k.encrypt_with_backend(run),
         AesKey::Aes192(k) => k.encrypt_with_backend(run),
@@ -231,55 +250,71 @@ fn decrypt_blocks<B: BlockCipherDecBackend<BlockSize = aes::cipher::consts::U16>
     );
 }
 
-/// The CTR loop, run inside the `aes` crate's backend (chosen and keyed once per job).
-struct Ctr<'a> {
-    counter: u128,
-    input: &'a [u8],
-    out: &'a mut [u8],
-    scratch: &'a mut CtrScratch,
+/// The CTR loop, run inside the `aes` crate's backend (chosen and keyed once per
+/// batch of messages).
+struct Ctr<'s, I> {
+    messages: I,
+    scratch: &'s mut CtrScratch,
 }
 
-impl BlockSizeUser for Ctr<'_> {
+impl<I> BlockSizeUser for Ctr<'_, I> {
     type BlockSize = aes::cipher::consts::U16;
 }
 
-impl BlockCipherEncClosure for Ctr<'_> {
+impl<'a, I: Iterator<Item = CtrMessage<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
-        const STEP: usize = GROUP * BLOCK_LEN;
-        // Two buffers: the next group's counter blocks are written while this group's
-        // are encrypted, so the AES never loads blocks still on their way to the cache
-        // (done in one buffer, that stall halved the speed).
-        let CtrScratch {
-            counters: buffers,
-            keystream,
-        } = self.scratch;
-        let mut counter = self.counter;
-        let mut ins = self.input.chunks_exact(STEP);
-        let mut outs = self.out.chunks_exact_mut(STEP);
-        let mut current = 0;
-        if ins.len() > 0 {
-            counter_blocks(&mut buffers[0], counter);
+        for message in self.messages {
+            assert_eq!(
+                message.input.len(),
+                message.out.len(),
+                "CTR output must match its input"
+            );
+            ctr_message(backend, message, self.scratch);
+        }
+    }
+}
+
+/// CTR over one message with `backend`.
+#[inline(always)]
+fn ctr_message<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
+    backend: &B,
+    message: CtrMessage<'_>,
+    scratch: &mut CtrScratch,
+) {
+    const STEP: usize = GROUP * BLOCK_LEN;
+    // Two buffers: the next group's counter blocks are written while this group's
+    // are encrypted, so the AES never loads blocks still on their way to the cache
+    // (done in one buffer, that stall halved the speed).
+    let CtrScratch {
+        counters: buffers,
+        keystream,
+    } = scratch;
+    let mut counter = u128::from_be_bytes(message.iv);
+    let mut ins = message.input.chunks_exact(STEP);
+    let mut outs = message.out.chunks_exact_mut(STEP);
+    let mut current = 0;
+    if ins.len() > 0 {
+        counter_blocks(&mut buffers[0], counter);
+        counter = counter.wrapping_add(GROUP as u128);
+    }
+    let remaining_groups = ins.len();
+    for (n, (i, o)) in (&mut ins).zip(&mut outs).enumerate() {
+        encrypt_group(backend, &buffers[current], keystream);
+        if n + 1 < remaining_groups {
+            counter_blocks(&mut buffers[current ^ 1], counter);
             counter = counter.wrapping_add(GROUP as u128);
         }
-        let remaining_groups = ins.len();
-        for (n, (i, o)) in (&mut ins).zip(&mut outs).enumerate() {
-            encrypt_group(backend, &buffers[current], keystream);
-            if n + 1 < remaining_groups {
-                counter_blocks(&mut buffers[current ^ 1], counter);
-                counter = counter.wrapping_add(GROUP as u128);
-            }
-            xor_into(o, i, Block::slice_as_flattened(&keystream[..]));
-            current ^= 1;
-        }
-        // Fewer than GROUP blocks left, the last maybe partial.
-        let (i, o) = (ins.remainder(), outs.into_remainder());
-        let blocks = i.len().div_ceil(BLOCK_LEN);
-        let counters = &mut buffers[current][..blocks];
-        counter_blocks(counters, counter);
-        encrypt_blocks(backend, counters, &mut keystream[..blocks]);
-        xor_into(o, i, Block::slice_as_flattened(&keystream[..blocks]));
+        xor_into(o, i, Block::slice_as_flattened(&keystream[..]));
+        current ^= 1;
     }
+    // Fewer than GROUP blocks left, the last maybe partial.
+    let (i, o) = (ins.remainder(), outs.into_remainder());
+    let blocks = i.len().div_ceil(BLOCK_LEN);
+    let counters = &mut buffers[current][..blocks];
+    counter_blocks(counters, counter);
+    encrypt_blocks(backend, counters, &mut keystream[..blocks]);
+    xor_into(o, i, Block::slice_as_flattened(&keystream[..blocks]));
 }
 
 /// The CBC decryption loop, run inside the `aes` crate's backend.
