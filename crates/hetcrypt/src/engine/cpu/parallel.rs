@@ -7,12 +7,14 @@
 //! AES-NI, or constant-time software; chosen at run time) takes a group of
 //! `ParBlocksSize` blocks per call (64 for VAES-512, 8 for AES-NI) and interleaves them.
 //!
-//! Why not EVP: `EVP_EncryptInit_ex` with a new IV costs ~870 instructions in OpenSSL
-//! 3.0 (provider parameter look-ups), 10–25% of a 16 KiB job at 6–8 GB/s, and a job is
-//! always a new message. Why hand-written and not the `ctr`/`cbc` crates: the `ctr`
-//! crate was measured slower than EVP here (3.3–4.4 GB/s vs 7.6, docs/performance.md);
-//! these loops are the modes' definitions (NIST SP 800-38A 6.2 and 6.5) around the
-//! `aes` crate's block API and take a cached, expanded key per lane.
+//! Why not EVP: `EVP_EncryptInit_ex` with a new IV costs ~860 instructions in OpenSSL
+//! 3.0 (560 of them a provider parameter query for the IV length), and a job is always
+//! a new message: one lane ran CTR and CBC decryption at 0.7–0.8 of `openssl speed`
+//! through EVP, 1.1–1.2 through these loops (docs/performance.md). Why hand-written and
+//! not the `ctr`/`cbc` crates: the `ctr` crate was measured slower than EVP here
+//! (3.3–4.4 GB/s vs 7.6), and neither takes several messages per backend call; these
+//! loops are the modes' definitions (NIST SP 800-38A 6.2 and 6.5) around the `aes`
+//! crate's block API, with a cached, expanded key per lane.
 
 use aes::cipher::inout::{InOut, InOutBuf};
 use aes::cipher::typenum::Unsigned;
