@@ -309,7 +309,8 @@ pub struct CpuLane {
     core: Option<usize>,
     /// Batch positions of the CBC encryption jobs of the current batch.
     picked: Vec<usize>,
-    /// Batch positions of the CTR jobs of the current batch (block-parallel lanes).
+    /// Batch positions of the CTR and CBC decryption jobs of the current batch
+    /// (block-parallel lanes).
     ctr_picked: Vec<usize>,
     /// The PKCS#7-padded last block of each job of the current batch.
     pads: Vec<[u8; BLOCK_LEN]>,
@@ -395,18 +396,15 @@ impl CpuLane {
         }
         parallel::cbc_decrypt(key, iv, &job.input, &mut out.data);
         if job.cipher.mode == Mode::CbcPkcs7 {
-            let last = len - BLOCK_LEN; // validate(): at least one block
-            let kept = Pkcs7::raw_unpad(&out.data[last..])
-                .map_err(|_| Error::AuthenticationFailed)?
-                .len();
-            out.data.truncate(last + kept);
+            return unpad(out);
         }
         Ok(())
     }
 
-    /// Runs the validated CTR jobs `group` (batch positions in ascending order, all
-    /// under one key and key size) in one call of the `aes` crate's backend.
-    fn run_ctr_group(
+    /// Runs the validated jobs `group` (batch positions in ascending order, all CTR or
+    /// all CBC decryption, under one key and key size) in one call of the `aes`
+    /// crate's backend; PKCS#7 padding is checked and removed per job afterwards.
+    fn run_parallel_group(
         &mut self,
         jobs: &[&Job],
         group: &[usize],
@@ -433,7 +431,7 @@ impl CpuLane {
             .map(|(k, out)| {
                 let job = jobs[k];
                 size_output(out, job.input.len());
-                parallel::CtrMessage {
+                parallel::Message {
                     iv: job
                         .iv()
                         .try_into()
@@ -442,12 +440,19 @@ impl CpuLane {
                     out: &mut out.data,
                 }
             });
-        let scratch = self
-            .ctr_scratch
-            .get_or_insert_with(parallel::CtrScratch::new);
-        parallel::ctr_messages(key, messages, scratch);
+        if first.cipher.mode == Mode::Ctr {
+            let scratch = self
+                .ctr_scratch
+                .get_or_insert_with(parallel::CtrScratch::new);
+            parallel::ctr_messages(key, messages, scratch);
+        } else {
+            parallel::cbc_decrypt_messages(key, messages);
+        }
         for &k in group {
-            results[k] = Ok(());
+            results[k] = match jobs[k].cipher.mode {
+                Mode::CbcPkcs7 => unpad(&mut outs[k]),
+                _ => Ok(()),
+            };
         }
     }
 
@@ -496,6 +501,24 @@ impl CpuLane {
         multibuf::encrypt_cbc(key, self.chains, chains, outs);
         for &k in group {
             results[k] = Ok(());
+        }
+    }
+}
+
+/// Checks and removes the PKCS#7 padding of a decrypted message of at least one block
+/// (validate() refuses empty ones), as EVP does: a bad pad is
+/// [`Error::AuthenticationFailed`] and leaves the output empty.
+fn unpad(out: &mut JobOutput) -> Result<()> {
+    let last = out.data.len() - BLOCK_LEN;
+    match Pkcs7::raw_unpad(&out.data[last..]) {
+        Ok(kept) => {
+            let kept = kept.len();
+            out.data.truncate(last + kept);
+            Ok(())
+        }
+        Err(_) => {
+            out.data.clear();
+            Err(Error::AuthenticationFailed)
         }
     }
 }
@@ -600,9 +623,9 @@ impl Lane for CpuLane {
     }
 
     /// Sends the batch's CBC encryption jobs, grouped by key, through multi-buffer
-    /// lockstep and its CTR jobs, grouped by key, through one `aes` crate backend call
-    /// per group (block-parallel lanes); every other job (and a lone CBC encryption
-    /// job) one at a time.
+    /// lockstep and its CTR and CBC decryption jobs, grouped by key and mode, through
+    /// one `aes` crate backend call per group (block-parallel lanes); every other job
+    /// (and a lone CBC encryption job) one at a time.
     fn run_batch(
         &mut self,
         jobs: &[&Job],
@@ -626,7 +649,7 @@ impl Lane for CpuLane {
                     Ok(()) => picked.push(k),
                     Err(e) => results[k] = Err(e),
                 }
-            } else if self.parallel && job.cipher.mode == Mode::Ctr {
+            } else if self.parallel && is_block_parallel(job.cipher, job.direction) {
                 match job.validate() {
                     Ok(()) => ctr_picked.push(k),
                     Err(e) => {
@@ -639,12 +662,15 @@ impl Lane for CpuLane {
                 results[k] = self.run_one(job, keys, &mut outs[k]);
             }
         }
-        // CTR jobs under the same key (and key size) share one backend call.
-        ctr_picked.sort_by_key(|&k| (jobs[k].key, jobs[k].cipher.key_size));
-        for group in ctr_picked.chunk_by(|&a, &b| {
-            (jobs[a].key, jobs[a].cipher.key_size) == (jobs[b].key, jobs[b].cipher.key_size)
-        }) {
-            self.run_ctr_group(jobs, group, keys, outs, results);
+        // CTR jobs, and CBC decryption jobs, under the same key (and key size) share
+        // one backend call.
+        let class = |k: usize| {
+            let job = jobs[k];
+            (job.key, job.cipher.key_size, job.cipher.mode == Mode::Ctr)
+        };
+        ctr_picked.sort_by_key(|&k| class(k));
+        for group in ctr_picked.chunk_by(|&a, &b| class(a) == class(b)) {
+            self.run_parallel_group(jobs, group, keys, outs, results);
         }
         self.ctr_picked = ctr_picked;
         if picked.is_empty() {

@@ -77,13 +77,13 @@ pub(crate) fn ctr(
     out: &mut [u8],
     scratch: &mut CtrScratch,
 ) {
-    ctr_messages(key, std::iter::once(CtrMessage { iv, input, out }), scratch);
+    ctr_messages(key, std::iter::once(Message { iv, input, out }), scratch);
 }
 
-/// One CTR message of a batch: its IV (initial counter block), input, and output (as
-/// long as the input).
-pub(crate) struct CtrMessage<'a> {
-    /// The initial counter block.
+/// One message of a batch: its IV (CTR: the initial counter block), input, and output
+/// (as long as the input).
+pub(crate) struct Message<'a> {
+    /// The IV (CTR: the initial counter block).
     pub(crate) iv: [u8; BLOCK_LEN],
     /// Plaintext or ciphertext.
     pub(crate) input: &'a [u8],
@@ -99,7 +99,7 @@ pub(crate) struct CtrMessage<'a> {
 /// If a message's `out` is not as long as its `input` (a caller bug).
 pub(crate) fn ctr_messages<'a>(
     key: &AesKey,
-    messages: impl Iterator<Item = CtrMessage<'a>>,
+    messages: impl Iterator<Item = Message<'a>>,
     scratch: &mut CtrScratch,
 ) {
     let run = Ctr { messages, scratch };
@@ -116,11 +116,17 @@ pub(crate) fn ctr_messages<'a>(
 /// # Panics
 /// If `input` is not whole blocks or `out` is not as long (caller bugs).
 pub(crate) fn cbc_decrypt(key: &AesKey, iv: [u8; BLOCK_LEN], input: &[u8], out: &mut [u8]) {
-    assert!(
-        input.len().is_multiple_of(BLOCK_LEN) && input.len() == out.len(),
-        "CBC decryption takes whole blocks into an output as long"
-    );
-    let run = CbcDecrypt { iv, input, out };
+    cbc_decrypt_messages(key, std::iter::once(Message { iv, input, out }));
+}
+
+/// [`cbc_decrypt`] on several messages under one key, inside one backend call (see
+/// [`ctr_messages`]).
+///
+/// # Panics
+/// If a message's input is not whole blocks or its output is not as long (caller
+/// bugs).
+pub(crate) fn cbc_decrypt_messages<'a>(key: &AesKey, messages: impl Iterator<Item = Message<'a>>) {
+    let run = CbcDecrypt { messages };
     match key {
         AesKey::Aes128(k) => k.decrypt_with_backend(run),
         AesKey::Aes192(k) => k.decrypt_with_backend(run),
@@ -263,7 +269,7 @@ impl<I> BlockSizeUser for Ctr<'_, I> {
     type BlockSize = aes::cipher::consts::U16;
 }
 
-impl<'a, I: Iterator<Item = CtrMessage<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
+impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
         for message in self.messages {
@@ -281,7 +287,7 @@ impl<'a, I: Iterator<Item = CtrMessage<'a>>> BlockCipherEncClosure for Ctr<'_, I
 #[inline(always)]
 fn ctr_message<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
     backend: &B,
-    message: CtrMessage<'_>,
+    message: Message<'_>,
     scratch: &mut CtrScratch,
 ) {
     const STEP: usize = GROUP * BLOCK_LEN;
@@ -320,38 +326,51 @@ fn ctr_message<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
 }
 
 /// The CBC decryption loop, run inside the `aes` crate's backend.
-struct CbcDecrypt<'a> {
-    iv: [u8; BLOCK_LEN],
-    input: &'a [u8],
-    out: &'a mut [u8],
+struct CbcDecrypt<I> {
+    messages: I,
 }
 
-impl BlockSizeUser for CbcDecrypt<'_> {
+impl<I> BlockSizeUser for CbcDecrypt<I> {
     type BlockSize = aes::cipher::consts::U16;
 }
 
-impl BlockCipherDecClosure for CbcDecrypt<'_> {
+impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherDecClosure for CbcDecrypt<I> {
     #[inline(always)]
     fn call<B: BlockCipherDecBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
-        let (input, rest) = Block::slice_as_chunks(self.input);
-        let (out, _) = Block::slice_as_chunks_mut(self.out);
-        debug_assert!(rest.is_empty());
-        // The block before the current group: the IV, then the previous ciphertext.
-        let mut before = Block::from(self.iv);
-        let mut ins = input.chunks_exact(GROUP);
-        let mut outs = out.chunks_exact_mut(GROUP);
-        for (i, o) in (&mut ins).zip(&mut outs) {
-            let i: &[Block; GROUP] = i.try_into().expect("chunks_exact gives whole groups");
-            let o: &mut [Block; GROUP] = o.try_into().expect("chunks_exact gives whole groups");
-            decrypt_group(backend, i, o);
-            unchain(&before, i, o);
-            before = i[GROUP - 1];
+        for message in self.messages {
+            assert!(
+                message.input.len().is_multiple_of(BLOCK_LEN)
+                    && message.input.len() == message.out.len(),
+                "CBC decryption takes whole blocks into an output as long"
+            );
+            cbc_decrypt_message(backend, message);
         }
-        let (i, o) = (ins.remainder(), outs.into_remainder());
-        if !i.is_empty() {
-            decrypt_blocks(backend, i, o);
-            unchain(&before, i, o);
-        }
+    }
+}
+
+/// CBC decryption of one message with `backend`.
+#[inline(always)]
+fn cbc_decrypt_message<B: BlockCipherDecBackend<BlockSize = aes::cipher::consts::U16>>(
+    backend: &B,
+    message: Message<'_>,
+) {
+    let (input, _) = Block::slice_as_chunks(message.input);
+    let (out, _) = Block::slice_as_chunks_mut(message.out);
+    // The block before the current group: the IV, then the previous ciphertext.
+    let mut before = Block::from(message.iv);
+    let mut ins = input.chunks_exact(GROUP);
+    let mut outs = out.chunks_exact_mut(GROUP);
+    for (i, o) in (&mut ins).zip(&mut outs) {
+        let i: &[Block; GROUP] = i.try_into().expect("chunks_exact gives whole groups");
+        let o: &mut [Block; GROUP] = o.try_into().expect("chunks_exact gives whole groups");
+        decrypt_group(backend, i, o);
+        unchain(&before, i, o);
+        before = i[GROUP - 1];
+    }
+    let (i, o) = (ins.remainder(), outs.into_remainder());
+    if !i.is_empty() {
+        decrypt_blocks(backend, i, o);
+        unchain(&before, i, o);
     }
 }
 
