@@ -176,8 +176,8 @@ fn counter_blocks(blocks: &mut [Block], counter: u128) {
 /// Encrypts `input` into `out`, one whole [`GROUP`] of blocks, in calls of the
 /// backend's parallel width. Not in place: encrypting the counter blocks in place ran
 /// at half the speed with the VAES-512 backend. (Separate from [`encrypt_blocks`]:
-/// with the tail's code in the same loop, the compiler kept less in registers and
-/// the loop ran at half the speed.)
+/// with the tail's code in the same loop, the loop ran at half the speed, measured,
+/// not explained.)
 #[inline(always)]
 fn encrypt_group<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
     backend: &B,
