@@ -94,12 +94,6 @@ impl<S: Stream> Stream for Item<S> {
     ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
         self.stream.next_job(d)
     }
-    fn accept(
-        &mut self,
-        out: hetcrypt::Result<hetcrypt::JobOutput>,
-    ) -> hetcrypt_format::Result<()> {
-        self.stream.accept(out)
-    }
     fn finish(&mut self) -> hetcrypt_format::Result<()> {
         self.stream.finish()
     }

@@ -36,22 +36,21 @@ pub trait Stream {
     fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>>;
 
     /// The output of the earliest job handed out and not yet accepted. An error ends
-    /// the stream.
-    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()>;
+    /// the stream. The default accepts it without keeping its buffer.
+    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
+        self.accept_reusing(output, &mut Vec::new())
+    }
 
     /// Every job's output was accepted: complete the message (flush, final checks).
     fn finish(&mut self) -> Result<()>;
 
     /// Like [`Stream::accept`], and the stream may push the output's buffer, emptied,
-    /// onto `spare` for the next batch to write into. The default only accepts.
+    /// onto `spare` for the next batch to write into.
     fn accept_reusing(
         &mut self,
         output: hetcrypt::Result<JobOutput>,
         spare: &mut Vec<JobOutput>,
-    ) -> Result<()> {
-        let _ = spare;
-        self.accept(output)
-    }
+    ) -> Result<()>;
 
     /// The key this stream registered with the dispatcher, if any: the pipeline
     /// removes it once the stream is done. The default registers none.

@@ -216,10 +216,6 @@ impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
         Ok(Some(job))
     }
 
-    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
-        self.accept_reusing(output, &mut Vec::new())
-    }
-
     fn accept_reusing(
         &mut self,
         output: hetcrypt::Result<JobOutput>,
@@ -390,10 +386,6 @@ impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
             self.last = Some(index);
         }
         Ok(Some(job))
-    }
-
-    fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
-        self.accept_reusing(output, &mut Vec::new())
     }
 
     fn accept_reusing(
