@@ -55,6 +55,12 @@ use crate::error::Result;
 /// the lanes doing the work.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
+/// On a streak, one pull in this many is timed and booked: the engine's estimate still
+/// follows load changes, and the lane skips two clock reads and ~50 floating-point
+/// operations on the others (a few microseconds per pull under the testbed's
+/// emulation, where batches of tiny jobs lost 10-15% to them).
+const STREAK_SAMPLE: u32 = 8;
+
 /// No lane holds the solo.
 const NO_SOLO: usize = usize::MAX;
 
@@ -69,6 +75,8 @@ struct Learned {
     all: Estimate,
     /// Pulls that no other engine's job overlapped.
     alone: Estimate,
+    /// Overlapped pulls' wall time over the alone one.
+    ratio: Estimate,
 }
 
 /// What an [`Adaptive`] value and its schedules learn: per engine and class, and per
@@ -205,6 +213,21 @@ struct LaneState {
     /// answer. Deciding costs ~100 floating-point operations per pull, a few
     /// microseconds under the testbed's emulation: 15% of a batch of 8-byte jobs.
     streak: Option<(u64, usize)>,
+    /// Pulls taken on streaks so far; only every [`STREAK_SAMPLE`]th is timed.
+    streak_pulls: u32,
+    /// An untimed pull is in progress (counted busy, not booked).
+    untimed: bool,
+}
+
+/// How the jobs of one pull were chosen.
+#[derive(Clone, Copy, Debug, Default)]
+struct Taken {
+    /// The lane waited before taking them.
+    waited: bool,
+    /// They are a solo probe.
+    solo: bool,
+    /// They came from the lane's streak, without deciding.
+    streak: bool,
 }
 
 /// Jobs that the same engines can run, of one cipher, direction and size bucket.
@@ -341,8 +364,9 @@ impl AdaptiveSchedule {
                 .iter()
                 .map(|(name, n)| {
                     let alone = keys.iter().map(|&k| stored(name, *n, k).alone).collect();
+                    let ratios = keys.iter().map(|&k| stored(name, *n, k).ratio).collect();
                     let ratio = known.interference.get(&(name.clone(), *n));
-                    Interference::new(alone, ratio.copied().unwrap_or_default())
+                    Interference::new(alone, ratios, ratio.copied().unwrap_or_default())
                 })
                 .collect();
             (estimates, interference)
@@ -488,8 +512,8 @@ impl View for AdaptiveSchedule {
         self.interference[e].alone(self.classes[q].key)
     }
 
-    fn slowdown(&self, e: usize) -> Option<f64> {
-        self.interference[e].slowdown()
+    fn slowdown(&self, e: usize, q: usize) -> Option<f64> {
+        self.interference[e].slowdown_in(self.classes[q].key)
     }
 
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
@@ -568,15 +592,29 @@ impl AdaptiveSchedule {
     /// per job for module lanes (software lanes: the wall time, see the module docs).
     fn book(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
         self.record(engine, pull, now, cpu_now);
-        let last = self.busy[engine].fetch_sub(1, Ordering::AcqRel) == 1;
+        self.unbusy(engine);
         let released = pull.solo
             && self.solo_pulls.fetch_sub(1, Ordering::AcqRel) == 1
             && self
                 .solo
                 .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok();
-        if released || (last && self.solo.load(Ordering::Acquire) != NO_SOLO) {
-            // The solo's probes are booked, or a lane waiting to measure alone may start.
+        if released {
+            // The solo's probes are booked: the others may go on.
+            self.notify();
+        }
+    }
+
+    /// Counts a pull of `engine` as ended; if it was the engine's last in progress while
+    /// a lane waits to measure alone, wakes it.
+    fn unbusy(&self, engine: usize) {
+        // Saturating: a failed engine's count was reset to zero under its lanes.
+        let before = self.busy[engine]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if before == 1 && self.solo.load(Ordering::Acquire) != NO_SOLO {
             self.notify();
         }
     }
@@ -610,10 +648,11 @@ impl AdaptiveSchedule {
         engine: usize,
         max: usize,
         out: &mut Vec<usize>,
-        waited: &mut bool,
         streak: &mut Option<(u64, usize)>,
-        solo: &mut bool,
+        taken: &mut Taken,
     ) -> Option<usize> {
+        let waited = &mut taken.waited;
+        let solo = &mut taken.solo;
         if let Some((epoch, q)) = streak.take() {
             if epoch == self.epoch.load(Ordering::Acquire)
                 && self.solo_holder() == NO_SOLO
@@ -621,6 +660,7 @@ impl AdaptiveSchedule {
                 && self.take(q, max, out)
             {
                 *streak = Some((epoch, q));
+                taken.streak = true;
                 return Some(q);
             }
         }
@@ -730,27 +770,35 @@ impl Schedule for AdaptiveSchedule {
         // A module lane reads its thread's CPU clock only while the cost rule still
         // relies on it (until the CPU engines have measured how much it slows them).
         let module = !self.host_cpu[engine] && self.cpu_clock_needed();
-        let now = Instant::now();
-        let cpu_now = module.then(thread_cpu_time);
         let mut state = lock(&self.pulls[lane]);
+        let mut now = None;
         if let Some(previous) = state.pull.take() {
-            self.book(engine, previous, now, cpu_now);
+            let at = Instant::now();
+            now = Some((at, module.then(thread_cpu_time)));
+            self.book(engine, previous, at, now.and_then(|n| n.1));
+        } else if std::mem::take(&mut state.untimed) {
+            self.unbusy(engine);
         }
         let before = out.len();
-        let mut waited = false;
-        let mut solo = false;
-        let Some(q) = self.choose(engine, max, out, &mut waited, &mut state.streak, &mut solo)
-        else {
+        let mut taken = Taken::default();
+        let Some(q) = self.choose(engine, max, out, &mut state.streak, &mut taken) else {
             return false;
-        };
-        // After a wait, the jobs start now, not when the lane asked.
-        let (since, cpu_since) = if waited {
-            (Instant::now(), module.then(thread_cpu_time))
-        } else {
-            (now, cpu_now)
         };
         self.busy[engine].fetch_add(1, Ordering::AcqRel);
         self.starts[engine].fetch_add(1, Ordering::AcqRel);
+        if taken.streak {
+            state.streak_pulls = state.streak_pulls.wrapping_add(1);
+            if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
+                state.untimed = true;
+                return true;
+            }
+        }
+        // After a wait (or an untimed pull), the jobs start now, not when the lane asked.
+        let (since, cpu_since) = match now {
+            Some(n) if !taken.waited => n,
+            _ => (Instant::now(), module.then(thread_cpu_time)),
+        };
+        let solo = taken.solo;
         if solo {
             self.solo_pulls.fetch_add(1, Ordering::AcqRel);
         }
@@ -806,11 +854,12 @@ impl Drop for AdaptiveSchedule {
     fn drop(&mut self) {
         let mut known = lock(&self.learned);
         for (e, (name, lanes)) in self.names.iter().enumerate() {
-            let (alone, ratio) = self.interference[e].snapshot();
+            let (alone, ratios, ratio) = self.interference[e].snapshot();
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
                 let entry = Learned {
                     all: self.estimates[e * self.keys.len() + k].get(),
                     alone: alone[k],
+                    ratio: ratios[k],
                 };
                 if entry.all.samples() > 0 {
                     let key = (name.clone(), *lanes, cipher, direction, b);

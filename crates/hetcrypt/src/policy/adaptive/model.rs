@@ -272,9 +272,10 @@ pub trait View {
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)>;
     /// Engine `e`'s cost for class `q` when no other engine's job ran beside it.
     fn alone(&self, e: usize, q: usize) -> Option<Cost>;
-    /// The fraction of a lane's time engine `e` loses while another engine's job runs
-    /// beside it, once measured.
-    fn slowdown(&self, e: usize) -> Option<f64>;
+    /// The fraction of a lane's time engine `e` loses on class `q` while another
+    /// engine's job runs beside it, once measured (on that class if it has been, else
+    /// across classes).
+    fn slowdown(&self, e: usize, q: usize) -> Option<f64>;
 }
 
 /// What an engine's lanes measure about the other engines' jobs running beside theirs.
@@ -282,16 +283,22 @@ pub trait View {
 pub struct Interference {
     /// Per model key: the cost of a job that no other engine's job overlapped.
     alone: Vec<SharedEstimate>,
-    /// Wall time of an overlapped job over its class's alone wall time (in the
-    /// estimate's wall field), across classes.
+    /// Per model key: wall time of an overlapped job over the key's alone wall time
+    /// (in the estimate's wall field). How much a job is slowed depends on its length
+    /// against the others' bursts (on one core, a 16 KiB module request waits out CPU
+    /// time slices that an 8-byte one mostly misses), so a class's own ratio is used
+    /// once measured.
+    ratios: Vec<SharedEstimate>,
+    /// The same ratio across classes: the stand-in for a class not yet measured.
     ratio: SharedEstimate,
 }
 
 impl Interference {
-    /// Starts from stored estimates: per key alone, and the ratio.
-    pub fn new(alone: Vec<Estimate>, ratio: Estimate) -> Self {
+    /// Starts from stored estimates: per key alone and ratio, and the ratio across keys.
+    pub fn new(alone: Vec<Estimate>, ratios: Vec<Estimate>, ratio: Estimate) -> Self {
         Interference {
             alone: alone.into_iter().map(SharedEstimate::new).collect(),
+            ratios: ratios.into_iter().map(SharedEstimate::new).collect(),
             ratio: SharedEstimate::new(ratio),
         }
     }
@@ -308,7 +315,11 @@ impl Interference {
         match alone.cost() {
             Some(a) if a.wall > 0.0 => {
                 let r = wall / a.wall;
-                self.ratio.observe_over(r, r, INTERFERENCE_WINDOW)
+                let own = self
+                    .ratios
+                    .get(key)
+                    .is_some_and(|e| e.observe_over(r, r, INTERFERENCE_WINDOW));
+                self.ratio.observe_over(r, r, INTERFERENCE_WINDOW) | own
             }
             _ => false,
         }
@@ -319,18 +330,36 @@ impl Interference {
         self.alone.get(key)?.cost()
     }
 
-    /// The fraction of a lane's time lost while another engine's job runs beside it.
+    /// The fraction of a lane's time lost while another engine's job runs beside it,
+    /// across classes.
     pub fn slowdown(&self) -> Option<f64> {
-        let r = self.ratio.cost()?.wall;
-        Some(if r > 1.0 { 1.0 - 1.0 / r } else { 0.0 })
+        Some(lost_fraction(self.ratio.cost()?.wall))
     }
 
-    /// The estimates, to keep: per key alone, and the ratio.
-    pub fn snapshot(&self) -> (Vec<Estimate>, Estimate) {
+    /// The same for model key `key`: its own ratio once measured, else [`Self::slowdown`].
+    pub fn slowdown_in(&self, key: usize) -> Option<f64> {
+        match self.ratios.get(key).and_then(SharedEstimate::cost) {
+            Some(c) => Some(lost_fraction(c.wall)),
+            None => self.slowdown(),
+        }
+    }
+
+    /// The estimates, to keep: per key alone and ratio, and the ratio across keys.
+    pub fn snapshot(&self) -> (Vec<Estimate>, Vec<Estimate>, Estimate) {
         (
             self.alone.iter().map(SharedEstimate::get).collect(),
+            self.ratios.iter().map(SharedEstimate::get).collect(),
             self.ratio.get(),
         )
+    }
+}
+
+/// The fraction of time lost when a job takes `ratio` times its undisturbed time.
+fn lost_fraction(ratio: f64) -> f64 {
+    if ratio > 1.0 {
+        1.0 - 1.0 / ratio
+    } else {
+        0.0
     }
 }
 
@@ -394,7 +423,7 @@ fn best_single<V: View + ?Sized>(v: &V, q: usize) -> Option<usize> {
         .filter_map(|o| {
             let wall = match v.alone(o, q) {
                 Some(a) => a.wall,
-                None => v.cost(o, q)?.wall * (1.0 - v.slowdown(o).unwrap_or(0.0)),
+                None => v.cost(o, q)?.wall * (1.0 - v.slowdown(o, q).unwrap_or(0.0)),
             };
             (wall > 0.0).then(|| (o, v.lanes(o) as f64 / wall))
         })
@@ -430,7 +459,7 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
         if let Some(a) = v.alone(o, q) {
             gain = gain.min(a.wall);
         }
-        match v.slowdown(o) {
+        match v.slowdown(o, q) {
             Some(s) => slowdown += v.lanes(o) as f64 * s,
             None => measured = false,
         }
@@ -779,8 +808,8 @@ mod tests {
         fn alone(&self, e: usize, q: usize) -> Option<Cost> {
             self.interference[e].alone(q)
         }
-        fn slowdown(&self, e: usize) -> Option<f64> {
-            self.interference[e].slowdown()
+        fn slowdown(&self, e: usize, q: usize) -> Option<f64> {
+            self.interference[e].slowdown_in(q)
         }
     }
 
@@ -802,7 +831,10 @@ mod tests {
                 classes: lens.iter().map(|&l| (l, 0)).collect(),
                 est: fresh,
                 interference: (0..ne)
-                    .map(|_| Interference::new(vec![Estimate::default(); nq], Estimate::default()))
+                    .map(|_| {
+                        let fresh = vec![Estimate::default(); nq];
+                        Interference::new(fresh.clone(), fresh, Estimate::default())
+                    })
                     .collect(),
                 probes: vec![vec![0; nq]; ne],
                 reprobe: vec![vec![true; nq]; ne],
