@@ -98,6 +98,13 @@ pub const WINDOW: u32 = 8;
 /// bursts to see them at their true weight.
 pub const INTERFERENCE_WINDOW: u32 = 128;
 
+/// Once an estimate is usable, a sample counts at most this many times the current
+/// value: a lane descheduled for a while (a 280 ms stall in a batch that takes 25 ms in
+/// the testbed) is not the engine's cost, and one such sample in an eight-sample
+/// average made the CPU look slower than the module at 1 KiB for the rest of the run.
+/// A real change of load still comes through, by up to this factor per sample.
+pub const OUTLIER_CAP: f64 = 4.0;
+
 /// Samples an estimate needs before it is trusted: the first is discarded (warm-up).
 pub const MIN_SAMPLES: u32 = 2;
 
@@ -163,6 +170,14 @@ impl Estimate {
             self.wall = wall;
             self.cpu = cpu;
         } else {
+            let (wall, cpu) = if self.wall > 0.0 {
+                (
+                    wall.min(self.wall * OUTLIER_CAP),
+                    cpu.min(self.cpu.max(self.wall) * OUTLIER_CAP),
+                )
+            } else {
+                (wall, cpu)
+            };
             let alpha = 1.0 / f64::from((self.samples + 2 - MIN_SAMPLES).min(window.max(1)));
             self.wall += alpha * (wall - self.wall);
             self.cpu += alpha * (cpu - self.cpu);
@@ -634,6 +649,26 @@ mod tests {
                 assert_eq!(bucket(bucket_floor(b) - 1), b - 1);
             }
         }
+    }
+
+    #[test]
+    fn one_stall_barely_moves_an_estimate_but_a_load_change_comes_through() {
+        let mut e = Estimate::default();
+        for _ in 0..20 {
+            e.observe(0.01, 0.01);
+        }
+        // A lane descheduled for 10 s in one job: capped at OUTLIER_CAP x 10 ms.
+        e.observe(10.0, 10.0);
+        let after = e.cost().unwrap().wall;
+        assert!(
+            after <= 0.01 + (OUTLIER_CAP - 1.0) * 0.01 / f64::from(WINDOW) + 1e-12,
+            "{after}"
+        );
+        // Five times slower for good: followed within a few dozen samples.
+        for _ in 0..60 {
+            e.observe(0.05, 0.05);
+        }
+        assert!((e.cost().unwrap().wall - 0.05).abs() < 0.0005, "{e:?}");
     }
 
     #[test]
