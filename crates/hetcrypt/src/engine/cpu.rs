@@ -622,6 +622,14 @@ impl Lane for CpuLane {
         self.run_one(job, keys, out)
     }
 
+    /// Drops the keyed contexts and expanded keys of removed keys (the `aes` crate's
+    /// keys are zeroized on drop, EVP frees its own key schedule).
+    fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
+        self.contexts.retain(|((id, _, _), _)| !ids.contains(id));
+        self.aes_keys.retain(|((id, _), _)| !ids.contains(id));
+        true
+    }
+
     /// Sends the batch's CBC encryption jobs, grouped by key, through multi-buffer
     /// lockstep and its CTR and CBC decryption jobs, grouped by key and mode, through
     /// one `aes` crate backend call per group (block-parallel lanes); every other job
@@ -845,6 +853,47 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A removed key's contexts and expanded keys leave the lane; the others stay and
+    /// still work.
+    #[test]
+    fn forgotten_keys_leave_the_lane() {
+        let keys = KeyStore::new();
+        let a = keys.add(Key::new(vec![1; 16])).unwrap();
+        let b = keys.add(Key::new(vec![2; 16])).unwrap();
+        let engine = CpuEngine::with_lanes(1).block_parallel(BlockParallel::On);
+        let mut lane = engine.lane(0);
+        let jobs: Vec<Job> = [a, b, a, b]
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &id)| {
+                [Cipher::AES_128_CBC, Cipher::AES_128_GCM].map(|c| {
+                    let iv = vec![i as u8; c.iv_len()];
+                    Job::with_iv(c, Direction::Encrypt, id, &iv, bytes(i, 64)).unwrap()
+                })
+            })
+            .collect();
+        for out in run_batch_of(&mut lane, &keys, &jobs) {
+            out.unwrap();
+        }
+        let holds = |lane: &CpuLane, id: KeyId| {
+            lane.contexts.iter().any(|((k, _, _), _)| *k == id)
+                || lane.aes_keys.iter().any(|((k, _), _)| *k == id)
+        };
+        assert!(holds(&lane, a) && holds(&lane, b));
+        assert!(lane.forget_keys(&[a]));
+        assert!(!holds(&lane, a) && holds(&lane, b));
+        let job = Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            b,
+            [9; 16],
+            bytes(9, 96),
+        );
+        let mut out = JobOutput::default();
+        lane.run(&job, &keys, &mut out).unwrap();
+        assert_eq!(out.data, reference(&job, &[2; 16]));
     }
 
     #[test]
