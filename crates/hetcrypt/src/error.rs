@@ -81,7 +81,9 @@ pub enum Error {
     },
     /// A job larger than one request of the engine can carry, and the engine cannot
     /// split it (an AF_ALG AEAD request must fit the socket buffers whole).
-    #[error("{engine}: a job of {len} bytes ({cipher}) exceeds its largest request of {max} bytes")]
+    #[error(
+        "{engine}: a job of {len} bytes ({cipher}) exceeds its largest request of {max} bytes"
+    )]
     TooLarge {
         /// The cipher.
         cipher: Cipher,

@@ -55,10 +55,11 @@ use crate::error::Result;
 /// the lanes doing the work.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
-/// On a streak, one pull in this many is timed and booked: the engine's estimate still
-/// follows load changes, and the lane skips two clock reads and ~50 floating-point
-/// operations on the others (a few microseconds per pull under the testbed's
-/// emulation, where batches of tiny jobs lost 10-15% to them).
+/// On a streak, one pull in this many is timed, booked and counted busy: the engine's
+/// estimate still follows load changes, and the other pulls skip two clock reads, ~50
+/// floating-point operations and four atomic read-modify-writes (a few microseconds
+/// per pull under the testbed's emulation, where batches of tiny jobs lost 10-15% to
+/// them).
 const STREAK_SAMPLE: u32 = 8;
 
 /// No lane holds the solo.
@@ -215,8 +216,6 @@ struct LaneState {
     streak: Option<(u64, usize)>,
     /// Pulls taken on streaks so far; only every [`STREAK_SAMPLE`]th is timed.
     streak_pulls: u32,
-    /// An untimed pull is in progress (counted busy, not booked).
-    untimed: bool,
 }
 
 /// How the jobs of one pull were chosen.
@@ -776,23 +775,23 @@ impl Schedule for AdaptiveSchedule {
             let at = Instant::now();
             now = Some((at, module.then(thread_cpu_time)));
             self.book(engine, previous, at, now.and_then(|n| n.1));
-        } else if std::mem::take(&mut state.untimed) {
-            self.unbusy(engine);
         }
         let before = out.len();
         let mut taken = Taken::default();
         let Some(q) = self.choose(engine, max, out, &mut state.streak, &mut taken) else {
             return false;
         };
-        self.busy[engine].fetch_add(1, Ordering::AcqRel);
-        self.starts[engine].fetch_add(1, Ordering::AcqRel);
         if taken.streak {
             state.streak_pulls = state.streak_pulls.wrapping_add(1);
             if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
-                state.untimed = true;
+                // Untimed, and not counted busy either: the other engines are idle, so
+                // nobody needs to see it (a lane that wakes to probe alone ends the
+                // streak first, and overlaps at most this one pull).
                 return true;
             }
         }
+        self.busy[engine].fetch_add(1, Ordering::AcqRel);
+        self.starts[engine].fetch_add(1, Ordering::AcqRel);
         // After a wait (or an untimed pull), the jobs start now, not when the lane asked.
         let (since, cpu_since) = match now {
             Some(n) if !taken.waited => n,
