@@ -63,9 +63,8 @@ The seeds' setup in the QEMU testbed (one CPU lane and the virtio-crypto device;
 generic `kernel` engine would pick the kernel's own AES-NI driver instead):
   testbed/run --profile soft --out results -- hetcrypt bench -q \\
     --engines cpu,kernel:virtio_crypto_aes_cbc --files 400 --reps 3 --out /out/soft
-The soft profile takes the AES instructions out of the guest CPU, so every cpu path is
-software AES; --cpu-chains 1 would also keep CBC encryption in OpenSSL (one chain at a
-time, as the seeds' CPU did) instead of the multi-buffer path."
+The soft profile takes the AES instructions out of the guest CPU; the cpu engine then
+runs everything through OpenSSL EVP, one message at a time, as the seeds' CPU did."
 )]
 pub struct Args {
     /// Files (jobs) per size.
