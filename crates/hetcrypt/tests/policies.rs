@@ -440,6 +440,11 @@ fn calibration_measures_each_size_on_each_side() {
 /// batch of a single class on two engines, both have an undisturbed estimate. (The
 /// batch is ~50 MB of AES-256-GCM, tens of milliseconds even on AES-NI, so a lane
 /// that waits while the other engine probes has time to wake for its own probes.)
+///
+/// A pull of the other engine can still slip in between its check of the solo and its
+/// start, spoiling one probe sample; that happened in about 1 batch in 40 here, so each
+/// of up to three fresh policies gets a batch, and one of them must measure both
+/// engines alone. Without solo probes none does: every batch failed this check.
 #[test]
 fn adaptive_measures_each_engine_alone_on_a_new_class() {
     use hetcrypt::policy::adaptive::Adaptive;
@@ -459,14 +464,20 @@ fn adaptive_measures_each_engine_alone_on_a_new_class() {
             .unwrap()
         })
         .collect();
-    let adaptive = Adaptive::new();
-    run_and_check(&d, &jobs, &adaptive);
-    let learned = adaptive.learned();
-    for engine in ["cpu", "cpu-b"] {
-        let entry = learned
-            .iter()
-            .find(|l| l.engine == engine && l.min_len == 16 * 1024)
-            .unwrap_or_else(|| panic!("{engine} learned nothing: {learned:?}"));
-        assert!(entry.alone.is_some(), "{engine}: {learned:?}");
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let adaptive = Adaptive::new();
+        run_and_check(&d, &jobs, &adaptive);
+        let learned = adaptive.learned();
+        let alone = |engine: &str| {
+            learned
+                .iter()
+                .any(|l| l.engine == engine && l.min_len == 16 * 1024 && l.alone.is_some())
+        };
+        if alone("cpu") && alone("cpu-b") {
+            return;
+        }
+        attempts.push(learned);
     }
+    panic!("no batch measured both engines alone: {attempts:?}");
 }

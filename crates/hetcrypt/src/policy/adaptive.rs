@@ -277,8 +277,10 @@ struct AdaptiveSchedule {
     /// The engine whose lane is measuring a class alone ([`NO_SOLO`] if none): the
     /// other engines start no pull until it has booked its probe.
     solo: AtomicUsize,
-    /// Solo probes in progress (of the holder's lanes); the solo ends with the last.
-    solo_pulls: AtomicUsize,
+    /// Per engine: its solo probes in progress; the solo ends with the holder's last.
+    /// Per engine, not one count: a probe that started just as its engine's solo was
+    /// released must not keep the next holder's count from reaching zero.
+    solo_pulls: Vec<AtomicUsize>,
     learned: Model,
     wait: Mutex<()>,
     wake: Condvar,
@@ -407,7 +409,7 @@ impl AdaptiveSchedule {
             idle: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
             epoch: AtomicU64::new(0),
             solo: AtomicUsize::new(NO_SOLO),
-            solo_pulls: AtomicUsize::new(0),
+            solo_pulls: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
             learned,
             wait: Mutex::new(()),
             wake: Condvar::new(),
@@ -420,6 +422,13 @@ impl AdaptiveSchedule {
 
     fn engine_class(&self, engine: usize, class: usize) -> usize {
         engine * self.classes.len() + class
+    }
+
+    /// Wakes every waiting lane without taking the wait lock (for callers that may
+    /// hold it; a waiter that misses this wake-up re-checks within [`WAIT_RECHECK`]).
+    fn notify_unlocked(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.wake.notify_all();
     }
 
     /// Wakes every waiting lane to decide again.
@@ -559,9 +568,18 @@ impl AdaptiveSchedule {
     /// The engine holding the solo, or [`NO_SOLO`]. A failed engine's solo is void (a
     /// lane of it may have taken the solo as the engine failed; its probe will never
     /// be booked) and is cleared here.
+    /// So is the solo of an engine none of whose lanes is probing or about to: all
+    /// of them wait or are done, and none of its solo probes is in progress (a safety
+    /// net: the holder normally releases it itself).
     fn solo_holder(&self) -> usize {
         let holder = self.solo.load(Ordering::Acquire);
-        if holder == NO_SOLO || self.lanes(holder) > 0 {
+        if holder == NO_SOLO {
+            return holder;
+        }
+        let failed = self.lanes(holder) == 0;
+        let dormant = self.idle[holder].load(Ordering::Acquire) >= self.lanes(holder)
+            && self.solo_pulls[holder].load(Ordering::Acquire) == 0;
+        if !failed && !dormant {
             return holder;
         }
         if self
@@ -569,7 +587,10 @@ impl AdaptiveSchedule {
             .compare_exchange(holder, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            self.solo_pulls.store(0, Ordering::Release);
+            if failed {
+                self.solo_pulls[holder].store(0, Ordering::Release);
+            }
+            self.notify_unlocked();
         }
         NO_SOLO
     }
@@ -593,7 +614,7 @@ impl AdaptiveSchedule {
         self.record(engine, pull, now, cpu_now);
         self.unbusy(engine);
         let released = pull.solo
-            && self.solo_pulls.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.solo_pulls[engine].fetch_sub(1, Ordering::AcqRel) == 1
             && self
                 .solo
                 .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
@@ -674,7 +695,10 @@ impl AdaptiveSchedule {
                 decide(self, engine)
             };
             let wants_solo = matches!(decision, Decision::Probe(q) if self.needs_solo(engine, q));
-            if holder == engine && !wants_solo && self.solo_pulls.load(Ordering::Acquire) == 0 {
+            if holder == engine
+                && !wants_solo
+                && self.solo_pulls[engine].load(Ordering::Acquire) == 0
+            {
                 // The probe this engine held the solo for is no longer wanted.
                 self.solo.store(NO_SOLO, Ordering::Release);
                 self.notify();
@@ -749,13 +773,19 @@ impl AdaptiveSchedule {
                         true
                     };
                     if still {
-                        self.idle[engine].fetch_add(1, Ordering::AcqRel);
+                        // A lane holding the solo while the others drain is not idle.
+                        let idle = holder != engine;
+                        if idle {
+                            self.idle[engine].fetch_add(1, Ordering::AcqRel);
+                        }
                         drop(
                             self.wake
                                 .wait_timeout(guard, WAIT_RECHECK)
                                 .unwrap_or_else(|e| e.into_inner()),
                         );
-                        self.idle[engine].fetch_sub(1, Ordering::AcqRel);
+                        if idle {
+                            self.idle[engine].fetch_sub(1, Ordering::AcqRel);
+                        }
                     }
                 }
             }
@@ -799,7 +829,7 @@ impl Schedule for AdaptiveSchedule {
         };
         let solo = taken.solo;
         if solo {
-            self.solo_pulls.fetch_add(1, Ordering::AcqRel);
+            self.solo_pulls[engine].fetch_add(1, Ordering::AcqRel);
         }
         let (beside_others, others_started) = self.others(engine);
         let jobs = out.len() - before;
@@ -824,13 +854,12 @@ impl Schedule for AdaptiveSchedule {
         if let Some(busy) = self.busy.get(engine) {
             busy.store(0, Ordering::Release);
         }
-        if self
-            .solo
-            .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.solo_pulls.store(0, Ordering::Release);
+        if let Some(pulls) = self.solo_pulls.get(engine) {
+            pulls.store(0, Ordering::Release);
         }
+        let _ = self
+            .solo
+            .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire);
         let mut working = EngineMask::default();
         for e in 0..self.alive.len() {
             if self.lanes(e) > 0 {
