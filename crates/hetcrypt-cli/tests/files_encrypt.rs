@@ -8,25 +8,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-fn hetcrypt() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetcrypt"));
-    // Only the cpu engine: the same on every machine (the kernel engine is covered by
-    // the testbed script).
-    c.env_remove("HETCRYPT_ENGINES");
-    c
-}
-
-fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = hetcrypt();
-    for a in args {
-        c.arg(a);
-    }
-    c.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+mod files_support;
+use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
 
 /// Deterministic bytes (xorshift), so a failure reproduces.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -191,19 +174,6 @@ fn pipe(args: &[&str], input: &[u8]) -> Output {
     let out = child.wait_with_output().unwrap();
     writer.join().unwrap();
     out
-}
-
-/// No file whose name marks it temporary, anywhere under `root`.
-fn assert_no_temporaries(root: &Path) {
-    for e in walkdir::WalkDir::new(root) {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy();
-        assert!(
-            !name.ends_with(".tmp"),
-            "left behind: {}",
-            e.path().display()
-        );
-    }
 }
 
 #[test]

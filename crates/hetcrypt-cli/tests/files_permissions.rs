@@ -6,20 +6,9 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetcrypt"));
-    c.env_remove("HETCRYPT_ENGINES");
-    for a in args {
-        c.arg(a);
-    }
-    c.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+mod files_support;
+use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
 
 /// A regular file that even root cannot open for reading (see the module doc).
 const UNREADABLE: &str = "/sys/bus/pci/rescan";
@@ -29,18 +18,6 @@ fn key(dir: &Path) -> std::path::PathBuf {
     let o = run(&[&"keygen", &"-o", &key]);
     assert!(o.status.success(), "{}", stderr(&o));
     key
-}
-
-fn no_temporaries(root: &Path) {
-    for e in walkdir::WalkDir::new(root) {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy();
-        assert!(
-            !name.ends_with(".tmp"),
-            "temporary left: {}",
-            e.path().display()
-        );
-    }
 }
 
 #[test]
@@ -73,7 +50,7 @@ fn an_input_root_cannot_read_fails_alone_with_permission_denied() {
     assert!(reason.contains("Permission denied"), "{reason}");
     assert!(out.join("good.hc").is_file());
     assert!(!out.join("rescan.hc").exists());
-    no_temporaries(&out);
+    assert_no_temporaries(&out);
 }
 
 #[test]
@@ -126,7 +103,7 @@ fn a_summary_reader_that_went_away_is_not_a_crash() {
     fs::write(&good, b"readable").unwrap();
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let o = Command::new(env!("CARGO_BIN_EXE_hetcrypt"))
+    let o = hetcrypt()
         .args(["encrypt", "--json", "--key"])
         .arg(&key)
         .arg(&good)
