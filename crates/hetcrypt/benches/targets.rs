@@ -899,18 +899,32 @@ fn split(opts: &mut Opts) {
     } else {
         opts.rounds.max(1) * 2
     };
+    // One 64 MiB batch takes 10-40 ms, too short to sample on a shared host: each
+    // sample is as many whole batches as fit in `seconds`, timed together.
+    let seconds = if opts.quick { 0.0 } else { opts.seconds };
+    let timed = |mut one_batch: Box<dyn FnMut() + '_>| {
+        let start = Instant::now();
+        let mut batches = 0u32;
+        while batches == 0 || start.elapsed().as_secs_f64() < seconds {
+            one_batch();
+            batches += 1;
+        }
+        f64::from(batches) * total as f64 / start.elapsed().as_secs_f64() / 1e9
+    };
     let plain = |d: &Dispatcher, jobs: &[Job]| {
-        let batch = d.run(jobs, &Pull).expect("pull plans");
-        batch.report.bytes_per_second() / 1e9
+        timed(Box::new(|| {
+            d.run(jobs, &Pull).expect("pull plans");
+        }))
     };
     let reusing = |d: &Dispatcher, jobs: &[Job], spare: &mut Vec<JobOutput>| {
-        let batch = d
-            .run_reusing(jobs, &Pull, std::mem::take(spare))
-            .expect("pull plans");
-        let rate = batch.report.bytes_per_second() / 1e9;
-        *spare = recycle(Ok(batch));
-        rate
+        timed(Box::new(|| {
+            let batch = d
+                .run_reusing(jobs, &Pull, std::mem::take(spare))
+                .expect("pull plans");
+            *spare = recycle(Ok(batch));
+        }))
     };
+    let (busy_before, ours_before, wall) = (busy_cpu_seconds(), process_cpu_time(), Instant::now());
     for round in 0..reps {
         // Alternate which lane count goes first.
         if round % 2 == 0 {
@@ -927,18 +941,51 @@ fn split(opts: &mut Opts) {
     }
     report(opts, &reuse_row);
     report(opts, &row);
-    let load: f64 = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    if load > 0.5 {
+    // A load average counts this bench's own lanes; what matters is the CPU time other
+    // processes took while it ran, from /proc/stat less our own process's CPU time.
+    if let Some(busy_before) = busy_before {
+        let wall = wall.elapsed().as_secs_f64();
+        let ours = (process_cpu_time() - ours_before).as_secs_f64();
+        let others = busy_cpu_seconds().map_or(0.0, |b| b - busy_before - ours) / wall;
         println!(
-            "{:9} load average {load:.1} on {} cores: other processes share the cores, \
-             so this speed-up is not the engine's",
+            "{:9} while it ran, other processes used {:.2} of the {} cores{}",
             "",
-            hetcrypt::engine::cpu::available_cores()
+            others.max(0.0),
+            hetcrypt::engine::cpu::available_cores(),
+            if others > OTHERS_QUIET {
+                ": they shared the cores, so this speed-up is not the engine's alone"
+            } else {
+                " (quiet)"
+            }
         );
     }
+}
+
+/// Cores' worth of CPU other processes may take during `split` and it still counts as
+/// a quiet run: a tenth of a core is what an idle shell and the kernel take here.
+const OTHERS_QUIET: f64 = 0.1;
+
+/// CPU seconds all processes have spent busy since boot (the `cpu` line of
+/// /proc/stat, in USER_HZ = 100 ticks per second on Linux), if readable.
+fn busy_cpu_seconds() -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let busy: u64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    Some(busy as f64 / USER_HZ)
 }
 
 /// A section of the harness: runs and reports its pairs.
