@@ -7,7 +7,7 @@ use std::sync::{Barrier, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cipher::{Cipher, Direction};
-use crate::engine::{EngineRef, Lane};
+use crate::engine::{EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
 use crate::key::{Key, KeyId, KeyStore};
@@ -36,6 +36,12 @@ type LaneCache = Vec<Vec<Option<Box<dyn Lane>>>>;
 /// used again (retrying a vanished kernel device can crash the kernel).
 pub struct Dispatcher {
     engines: Vec<EngineRef>,
+    /// Per engine: its kind, asked once (`Engine::info` builds its whole description,
+    /// ~45,000 instructions for `cpu`, more than a batch of 100 small jobs).
+    kinds: Vec<EngineKind>,
+    /// Cores this process may use, asked once (the standard library reads cgroup files
+    /// for it: system calls that cost tens of microseconds under emulation).
+    cores: usize,
     keys: KeyStore,
     /// Opened lanes, per engine, kept between batches.
     lanes: Mutex<LaneCache>,
@@ -110,6 +116,8 @@ impl Dispatcher {
             .collect();
         let failed = vec![None; engines.len()];
         Ok(Dispatcher {
+            kinds: engines.iter().map(|e| e.info().kind).collect(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             engines,
             keys: KeyStore::new(),
             lanes: Mutex::new(lanes),
@@ -256,7 +264,7 @@ impl Dispatcher {
             .enumerate()
             .map(|(i, e)| EngineMeta {
                 name: e.name().to_string(),
-                kind: e.info().kind,
+                kind: self.kinds[i],
                 lanes: if failed_before[i] { 0 } else { e.lanes() },
                 max_batch: support
                     .iter()
@@ -272,13 +280,23 @@ impl Dispatcher {
             .enumerate()
             .flat_map(|(engine, m)| (0..m.lanes).map(move |index| LaneMeta { engine, index }))
             .collect();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let schedule = policy.plan(&Plan {
             jobs: &metas,
             engines: &engine_metas,
             lanes: &lane_metas,
-            cores,
+            cores: self.cores,
         })?;
+        // Lanes of engines the schedule has no use for start only if an engine fails
+        // and its jobs need them: an idle lane's thread still costs its start, its
+        // barrier and its join (a third of a batch of 400 tiny jobs in the testbed).
+        let needed = schedule.engines_needed();
+        let mut deferred: Vec<usize> = (0..lane_metas.len())
+            .filter(|&l| !needed.contains(lane_metas[l].engine))
+            .collect();
+        if deferred.len() == lane_metas.len() {
+            deferred.clear();
+        }
+        let initial = lane_metas.len() - deferred.len();
 
         let widths: Vec<Vec<usize>> = support.iter().map(|s| s.widths.clone()).collect();
         let shared = Shared {
@@ -289,8 +307,9 @@ impl Dispatcher {
             metas: &metas,
             schedule: schedule.as_ref(),
             keys: &self.keys,
-            lane_count: lane_metas.len(),
-            start: Barrier::new(lane_metas.len()),
+            lane_count: initial,
+            start: Barrier::new(initial),
+            deferred: deferred.len(),
             remaining: AtomicUsize::new(0),
             spare: Mutex::new(spare),
             late: Mutex::new(Vec::new()),
@@ -298,8 +317,11 @@ impl Dispatcher {
             reasons: Mutex::new(vec![None; self.engines.len()]),
             coord: Mutex::new(Coord {
                 retry: VecDeque::new(),
-                running: lane_metas.len(),
+                running: initial,
                 done: false,
+                spawned: initial,
+                exited: 0,
+                start_deferred: false,
             }),
             wake: Condvar::new(),
             retry_len: AtomicUsize::new(0),
@@ -315,6 +337,10 @@ impl Dispatcher {
         for (engine, _) in failed_before.iter().enumerate().filter(|(_, &f)| f) {
             shared.requeue(engine);
         }
+        if shared.retry_len.load(Ordering::Acquire) > 0 {
+            // Re-dispatched jobs may need the deferred lanes' engines.
+            shared.start_deferred();
+        }
 
         // Hand each lane thread its cached lane (or none: it opens one).
         let mut cached: Vec<Option<Box<dyn Lane>>> = {
@@ -325,23 +351,61 @@ impl Dispatcher {
                 .collect()
         };
         let start = Instant::now();
-        let finished: Vec<LaneEnd> = std::thread::scope(|scope| {
-            let handles: Vec<_> = lane_metas
-                .iter()
-                .enumerate()
-                .zip(cached.iter_mut())
-                .map(|((lane_idx, meta), slot)| {
-                    let engine = &self.engines[meta.engine];
-                    let opened = slot.take();
-                    let shared = &shared;
-                    scope.spawn(move || shared.lane_loop(lane_idx, *meta, engine, opened))
+        let mut ends: Vec<Option<LaneEnd>> = std::thread::scope(|scope| {
+            let shared = &shared;
+            let spawn = |lane_idx: usize, opened: Option<Box<dyn Lane>>, at_start: bool| {
+                let meta = lane_metas[lane_idx];
+                let engine = &self.engines[meta.engine];
+                scope.spawn(move || {
+                    let _exit = LaneExit(shared);
+                    (
+                        lane_idx,
+                        shared.lane_loop(lane_idx, meta, engine, opened, at_start),
+                    )
                 })
+            };
+            let mut handles: Vec<_> = (0..lane_metas.len())
+                .filter(|l| !deferred.contains(l))
+                .map(|l| spawn(l, cached[l].take(), true))
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("lane threads catch their own failures"))
-                .collect()
+            // Wait for the lanes to end, starting the deferred ones if a lane asks.
+            if !deferred.is_empty() {
+                let mut coord = lock(&shared.coord);
+                while coord.exited < coord.spawned && !coord.start_deferred {
+                    coord = shared.wake.wait(coord).unwrap_or_else(|e| e.into_inner());
+                }
+                let start_deferred = coord.start_deferred;
+                drop(coord);
+                if start_deferred {
+                    for &l in &deferred {
+                        handles.push(spawn(l, cached[l].take(), false));
+                    }
+                }
+            }
+            let mut ends: Vec<Option<LaneEnd>> = (0..lane_metas.len()).map(|_| None).collect();
+            for h in handles {
+                let (l, end) = h.join().expect("lane threads catch their own failures");
+                ends[l] = Some(end);
+            }
+            ends
         });
+        // Lanes never started keep their cached lane and report no work.
+        let finished: Vec<LaneEnd> = ends
+            .iter_mut()
+            .zip(cached.iter_mut())
+            .zip(&lane_metas)
+            .map(|((end, slot), meta)| {
+                end.take().unwrap_or_else(|| LaneEnd {
+                    report: LaneReport {
+                        lane: meta.index,
+                        ..LaneReport::default()
+                    },
+                    lane: slot.take(),
+                    done: Vec::new(),
+                    ascending: true,
+                })
+            })
+            .collect();
         let wall = start.elapsed();
 
         let Shared {
@@ -402,9 +466,10 @@ impl Dispatcher {
             .engines
             .iter()
             .zip(failed)
-            .map(|(e, failed)| EngineReport {
+            .zip(&self.kinds)
+            .map(|((e, failed), &kind)| EngineReport {
                 name: e.name().to_string(),
-                kind: e.info().kind,
+                kind,
                 jobs: 0,
                 bytes: 0,
                 busy: Duration::ZERO,
@@ -505,6 +570,22 @@ struct Coord {
     running: usize,
     /// The batch is over: every lane leaves.
     done: bool,
+    /// Lane threads started, and those that have ended.
+    spawned: usize,
+    exited: usize,
+    /// A lane asked for the deferred lanes (an engine failed; its jobs may need them).
+    start_deferred: bool,
+}
+
+/// Counts a lane thread's end, however it ends (a panic included), and wakes the
+/// batch's thread, which may be waiting to start deferred lanes.
+struct LaneExit<'s, 'a>(&'s Shared<'a>);
+
+impl Drop for LaneExit<'_, '_> {
+    fn drop(&mut self) {
+        lock(&self.0.coord).exited += 1;
+        self.0.wake.notify_all();
+    }
 }
 
 /// What the lane threads of one batch share.
@@ -517,8 +598,10 @@ struct Shared<'a> {
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
-    /// Lanes in this batch.
+    /// Lanes started with the batch.
     lane_count: usize,
+    /// Lanes of engines the schedule did not need, not started unless an engine fails.
+    deferred: usize,
     /// Where every lane thread waits for the others before taking work, so the
     /// threads spawned first do not empty a short batch's queue before the last
     /// ones exist (that would skew who-did-what, the seeds' Table 3).
@@ -654,7 +737,22 @@ impl Shared<'_> {
             lock(&self.reasons)[engine] = Some(reason);
             jobs.extend(self.schedule.engine_failed(engine));
         }
+        self.start_deferred();
         self.redispatch(jobs);
+    }
+
+    /// Has the batch's thread start the deferred lanes (once): an engine failed, and
+    /// its jobs may have nowhere else to go. They count as running from now, so no
+    /// idle lane ends the batch before they take the re-dispatched jobs.
+    fn start_deferred(&self) {
+        let mut coord = lock(&self.coord);
+        if self.deferred > 0 && !coord.start_deferred {
+            coord.start_deferred = true;
+            coord.running += self.deferred;
+            coord.spawned += self.deferred;
+            drop(coord);
+            self.wake.notify_all();
+        }
     }
 
     /// Takes back the jobs the schedule reserved for `engine`, quarantined before the
@@ -760,12 +858,16 @@ impl Shared<'_> {
         meta: LaneMeta,
         engine: &EngineRef,
         opened: Option<Box<dyn Lane>>,
+        at_start: bool,
     ) -> LaneEnd {
         // First thing, before anything that could panic and leave the others waiting.
-        self.start.wait();
+        if at_start {
+            self.start.wait();
+        }
         let cpu_start = thread_cpu_time();
         let mut report = LaneReport {
             lane: meta.index,
+            started: true,
             ..LaneReport::default()
         };
         // Room for an even share of the batch, so a lane rarely grows the list.

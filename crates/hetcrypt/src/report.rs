@@ -16,6 +16,9 @@ fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 pub struct LaneReport {
     /// The lane's index within its engine.
     pub lane: usize,
+    /// Whether its thread ran in this batch (a policy may leave out the lanes of an
+    /// engine it has no use for; they start only to take over a failed engine's jobs).
+    pub started: bool,
     /// Jobs it completed (successfully or with a job error).
     pub jobs: usize,
     /// Input bytes of those jobs.

@@ -374,7 +374,15 @@ impl CpuLane {
                     mode: Mode::Cbc,
                 };
                 let ctx = keys.with_key(job.key, |key| {
-                    keyed_context(cbc, Direction::Encrypt, key.as_bytes())
+                    // A wrong key length is reported for the job's own cipher.
+                    keyed_context(cbc, Direction::Encrypt, key.as_bytes()).map_err(|e| match e {
+                        Error::KeyLength { expected, got, .. } => Error::KeyLength {
+                            cipher: job.cipher,
+                            expected,
+                            got,
+                        },
+                        e => e,
+                    })
                 })??;
                 self.cbc_chains.insert(0, (id, chain::CbcChain::new(ctx)));
             }

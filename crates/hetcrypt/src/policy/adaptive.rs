@@ -164,10 +164,9 @@ impl Policy for Adaptive {
     }
 
     fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
-        Ok(Box::new(AdaptiveSchedule::new(
-            plan,
-            Arc::clone(&self.learned),
-        )))
+        let mut schedule = AdaptiveSchedule::new(plan, Arc::clone(&self.learned));
+        schedule.leave_out_idle_engines();
+        Ok(Box::new(schedule))
     }
 }
 
@@ -284,6 +283,9 @@ struct AdaptiveSchedule {
     learned: Model,
     wait: Mutex<()>,
     wake: Condvar,
+    /// The engines whose lanes this batch starts with (see
+    /// [`AdaptiveSchedule::leave_out_idle_engines`]).
+    needed: EngineMask,
 }
 
 impl AdaptiveSchedule {
@@ -413,7 +415,34 @@ impl AdaptiveSchedule {
             learned,
             wait: Mutex::new(()),
             wake: Condvar::new(),
+            needed: EngineMask(u64::MAX),
         }
+    }
+
+    /// Leaves out of the batch the engines that the placement rule, asked before any
+    /// lane starts, gives nothing to do at all: no job, probe, trial or re-measurement
+    /// (a module far too slow for a batch of tiny jobs). Their lanes would only wait,
+    /// and under emulation starting and joining a waiting lane cost a third of such a
+    /// batch. The schedule counts them as gone, so nobody waits for them; if an engine
+    /// fails, the dispatcher starts them for its jobs anyway, which they take from the
+    /// re-dispatch queue. The next batch asks again, so a change of load that makes an
+    /// engine worth it (or its periodic re-measurement) brings it back.
+    fn leave_out_idle_engines(&mut self) {
+        let mut needed = EngineMask::default();
+        for e in 0..self.alive.len() {
+            if self.lanes(e) > 0 && !matches!(decide(self, e), Decision::Wait | Decision::Done) {
+                needed.insert(e);
+            }
+        }
+        if needed.is_empty() {
+            return;
+        }
+        for (e, alive) in self.alive.iter().enumerate() {
+            if !needed.contains(e) {
+                alive.store(0, Ordering::Release);
+            }
+        }
+        self.needed = needed;
     }
 
     fn estimate(&self, engine: usize, key: usize) -> &SharedEstimate {
@@ -844,6 +873,10 @@ impl Schedule for AdaptiveSchedule {
             full: jobs >= max,
         });
         true
+    }
+
+    fn engines_needed(&self) -> EngineMask {
+        self.needed
     }
 
     fn engine_failed(&self, engine: usize) -> Vec<usize> {

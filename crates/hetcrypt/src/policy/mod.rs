@@ -151,6 +151,14 @@ pub trait Schedule: Send + Sync {
         let _ = engine;
         Vec::new()
     }
+
+    /// The engines whose lanes this batch needs, asked once before the lanes start.
+    /// The dispatcher starts the other engines' lanes only if an engine fails during
+    /// the batch (its jobs may need them); a lane that would only wait costs its
+    /// thread's start and join. The default is every engine.
+    fn engines_needed(&self) -> EngineMask {
+        EngineMask(u64::MAX)
+    }
 }
 
 /// Parses a policy name as the CLI spells it.

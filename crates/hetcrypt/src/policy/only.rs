@@ -4,7 +4,8 @@ use super::queue::GroupedQueue;
 use super::{EngineMask, Plan, Policy, Schedule};
 use crate::error::{Error, Result};
 
-/// Runs every job on the named engine; other engines' lanes stay idle.
+/// Runs every job on the named engine; other engines' lanes start only to take over
+/// its jobs if it fails.
 #[derive(Clone, Debug)]
 pub struct Only {
     engine: String,
@@ -37,13 +38,18 @@ impl Policy for Only {
         allowed.insert(engine);
         let queue = GroupedQueue::new(plan.jobs, 0..plan.jobs.len(), allowed);
         let engine_of = plan.lanes.iter().map(|l| l.engine).collect();
-        Ok(Box::new(OnlySchedule { queue, engine_of }))
+        Ok(Box::new(OnlySchedule {
+            queue,
+            engine_of,
+            allowed,
+        }))
     }
 }
 
 struct OnlySchedule {
     queue: GroupedQueue,
     engine_of: Vec<usize>,
+    allowed: EngineMask,
 }
 
 impl Schedule for OnlySchedule {
@@ -53,5 +59,9 @@ impl Schedule for OnlySchedule {
 
     fn engine_failed(&self, engine: usize) -> Vec<usize> {
         self.queue.engine_failed(engine)
+    }
+
+    fn engines_needed(&self) -> EngineMask {
+        self.allowed
     }
 }

@@ -1,0 +1,230 @@
+//! Lanes of engines a policy has no use for are not started, and start after all when
+//! an engine fails and its jobs need somewhere to go.
+//!
+//! The engines under test wrap `cpu` (test engines): one counts the lanes it opens (a
+//! lane is opened on its thread when it first starts), one fails after a few jobs or
+//! cannot open a lane at all.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::fault::{Fault, FaultyEngine};
+use hetcrypt::engine::{Engine, EngineInfo, EngineRef, Lane};
+use hetcrypt::policy::{self, Adaptive, Only};
+use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyStore, Result};
+
+/// `cpu` with two lanes that counts the lanes it opens.
+struct Counting {
+    inner: CpuEngine,
+    opened: Arc<AtomicUsize>,
+}
+
+impl Engine for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            name: "counting".to_string(),
+            ..self.inner.info()
+        }
+    }
+    fn lanes(&self) -> usize {
+        2
+    }
+    fn supports(&self, cipher: Cipher, direction: Direction) -> bool {
+        self.inner.supports(cipher, direction)
+    }
+    fn open_lane(&self, index: usize) -> Result<Box<dyn Lane>> {
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(self.inner.lane(index)))
+    }
+}
+
+fn counting() -> (EngineRef, Arc<AtomicUsize>) {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let engine = Counting {
+        inner: CpuEngine::with_lanes(2),
+        opened: Arc::clone(&opened),
+    };
+    (Arc::new(engine), opened)
+}
+
+fn jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    (0..n)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC_PKCS7,
+                Direction::Encrypt,
+                key,
+                [i as u8; 16],
+                vec![i as u8; 100 + i % 50],
+            )
+        })
+        .collect()
+}
+
+/// The reference: every job on a dispatcher with one plain `cpu` engine.
+fn reference(jobs: &[Job]) -> Vec<Vec<u8>> {
+    let cpu = Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine()]).unwrap();
+    let key = cpu.add_key(Key::new(vec![7; 16])).unwrap();
+    let jobs: Vec<Job> = jobs
+        .iter()
+        .map(|j| {
+            Job::new(
+                j.cipher,
+                j.direction,
+                key,
+                j.iv().try_into().unwrap(),
+                j.input.clone(),
+            )
+        })
+        .collect();
+    cpu.run(&jobs, &Only::new("cpu"))
+        .unwrap()
+        .outputs
+        .into_iter()
+        .map(|o| o.unwrap().data)
+        .collect()
+}
+
+#[test]
+fn an_engine_the_policy_does_not_use_opens_no_lane() {
+    let (engine, opened) = counting();
+    let d = Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine(), engine]).unwrap();
+    let jobs = jobs(&d, 50);
+    for _ in 0..3 {
+        let r = d.run(&jobs, &Only::new("cpu")).unwrap();
+        assert_eq!(r.report.engine("cpu").unwrap().jobs, 50);
+        let lanes = &r.report.engine("counting").unwrap().lanes;
+        assert_eq!(lanes.len(), 2);
+        assert!(lanes.iter().all(|l| !l.started && l.jobs == 0));
+        assert!(r.report.engine("cpu").unwrap().lanes[0].started);
+    }
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        0,
+        "only:cpu started counting's lanes"
+    );
+    // A policy that uses every engine starts its lanes (opened once, then kept).
+    for _ in 0..2 {
+        d.run(&jobs, &*policy::by_name("pull").unwrap()).unwrap();
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+}
+
+/// `only:<engine>` with that engine failing mid-batch, or unable to open a lane: the
+/// other engine's lanes, not started with the batch, take its jobs; nothing is lost
+/// or done twice, and the next batch runs on the other engine from the start.
+#[test]
+fn a_failing_engine_starts_the_lanes_that_were_not_needed() {
+    for fault in [Fault::AfterJobs(5), Fault::OnOpen] {
+        let (engine, opened) = counting();
+        let flaky = FaultyEngine::new("flaky", CpuEngine::with_lanes(1).into_engine(), fault);
+        let d = Dispatcher::new(vec![engine, flaky.into_engine()]).unwrap();
+        let jobs = jobs(&d, 200);
+        let want = reference(&jobs);
+        let only = Only::new("flaky");
+        for round in 0..2 {
+            let r = d.run(&jobs, &only).unwrap();
+            let got: Vec<Vec<u8>> = r
+                .outputs
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or_else(|e| panic!("{fault:?} round {round}: {e}"))
+                        .data
+                })
+                .collect();
+            assert!(got == want, "{fault:?} round {round}: outputs differ");
+            let report = &r.report;
+            let (counting, flaky) = (
+                report.engine("counting").unwrap(),
+                report.engine("flaky").unwrap(),
+            );
+            assert!(flaky.failed.is_some(), "{fault:?}");
+            assert_eq!(counting.jobs + flaky.jobs, 200, "{fault:?} round {round}");
+            assert!(counting.jobs >= 195, "{fault:?} round {round}");
+            assert!(counting.lanes.iter().all(|l| l.started));
+        }
+        assert_eq!(opened.load(Ordering::SeqCst), 2, "{fault:?}");
+    }
+}
+
+/// A stand-in for a crypto module far too slow for tiny jobs (a test engine): `cpu`
+/// behind a 20 ms sleep per job, and, like a module, not using the host CPU meanwhile.
+struct Sluggish(CpuEngine);
+
+struct SluggishLane(Box<dyn Lane>);
+
+/// What one job costs [`Sluggish`]: ~10,000x a 16-byte job on the CPU.
+const SLUGGISH: Duration = Duration::from_millis(20);
+
+impl Engine for Sluggish {
+    fn name(&self) -> &str {
+        "sluggish"
+    }
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            name: "sluggish".to_string(),
+            ..self.0.info()
+        }
+    }
+    fn lanes(&self) -> usize {
+        1
+    }
+    fn supports(&self, cipher: Cipher, direction: Direction) -> bool {
+        self.0.supports(cipher, direction)
+    }
+    fn open_lane(&self, index: usize) -> Result<Box<dyn Lane>> {
+        Ok(Box::new(SluggishLane(self.0.open_lane(index)?)))
+    }
+    fn uses_host_cpu(&self) -> bool {
+        false
+    }
+}
+
+impl Lane for SluggishLane {
+    fn run(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        std::thread::sleep(SLUGGISH);
+        self.0.run(job, keys, out)
+    }
+}
+
+/// `adaptive` measures the slow engine, then leaves it out of batches of tiny jobs:
+/// its lane is not started, and the CPU runs every job.
+#[test]
+fn adaptive_leaves_out_an_engine_it_gives_nothing() {
+    let d = Dispatcher::new(vec![
+        CpuEngine::with_lanes(1).into_engine(),
+        Arc::new(Sluggish(CpuEngine::with_lanes(1))),
+    ])
+    .unwrap();
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    let jobs: Vec<Job> = (0..200)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                key,
+                [i as u8; 16],
+                vec![i as u8; 16],
+            )
+        })
+        .collect();
+    let adaptive = Adaptive::new();
+    let mut left_out = 0;
+    for round in 0..10 {
+        let r = d.run(&jobs, &adaptive).unwrap();
+        assert!(r.outputs.iter().all(|o| o.is_ok()));
+        let slow = r.report.engine("sluggish").unwrap();
+        if round >= 5 && !slow.lanes[0].started {
+            assert_eq!(r.report.engine("cpu").unwrap().jobs, 200);
+            left_out += 1;
+        }
+    }
+    // Once measured, it is left out (a host stall could bring it back for a batch).
+    assert!(left_out >= 3, "left out in {left_out} of 5 batches");
+}
