@@ -84,6 +84,11 @@ impl GroupedQueue {
         taken
     }
 
+    /// The engines that some queued job may go to.
+    pub fn engines(&self) -> EngineMask {
+        EngineMask(self.groups.iter().fold(0, |m, g| m | g.engines.0))
+    }
+
     /// Peeks at the next job `engine` would take, without taking it.
     pub fn peek(&self, engine: usize) -> Option<usize> {
         self.groups

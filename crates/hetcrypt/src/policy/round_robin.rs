@@ -1,7 +1,7 @@
 //! `round-robin`: the seeds' static baseline — jobs dealt to the engines in turn, 1:1.
 
 use super::queue::{live_engines, JobList};
-use super::{Plan, Policy, Schedule, MAX_ENGINES};
+use super::{EngineMask, Plan, Policy, Schedule, MAX_ENGINES};
 use crate::error::Result;
 
 /// Deals the jobs to the engines in turn before the batch starts (job 0 to the first
@@ -58,6 +58,17 @@ impl Schedule for RoundRobinSchedule {
             .get(engine)
             .map(JobList::drain)
             .unwrap_or_default()
+    }
+
+    /// An engine dealt no job (a batch smaller than the engine count) is not started.
+    fn engines_needed(&self) -> EngineMask {
+        let mut needed = EngineMask::default();
+        for (e, list) in self.lists.iter().enumerate() {
+            if !list.is_empty() {
+                needed.insert(e);
+            }
+        }
+        needed
     }
 }
 

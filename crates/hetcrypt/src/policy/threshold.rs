@@ -519,6 +519,11 @@ impl Schedule for Split {
         self.queue.take(self.engine_of[lane], max, out) > 0
     }
 
+    /// An engine no job is placed on (every job below the threshold) is not started.
+    fn engines_needed(&self) -> EngineMask {
+        self.queue.engines()
+    }
+
     fn wants_timing(&self) -> bool {
         self.learning.as_ref().is_some_and(|l| l.measuring)
     }
