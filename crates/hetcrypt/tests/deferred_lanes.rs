@@ -109,6 +109,16 @@ fn an_engine_the_policy_does_not_use_opens_no_lane() {
         0,
         "only:cpu started counting's lanes"
     );
+    // Round-robin deals a single job to the first engine only.
+    let r = d
+        .run(&jobs[..1], &*policy::by_name("round-robin").unwrap())
+        .unwrap();
+    assert!(r.outputs[0].is_ok());
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        0,
+        "round-robin started counting's lanes"
+    );
     // A policy that uses every engine starts its lanes (opened once, then kept).
     for _ in 0..2 {
         d.run(&jobs, &*policy::by_name("pull").unwrap()).unwrap();
