@@ -26,7 +26,9 @@
 //! end of the batch, an engine whose jobs would cost the others more than they save)
 //! waits inside [`Schedule::next`]; it is woken when a class runs out, an estimate
 //! becomes usable, an engine fails or another lane starts waiting (so stale decisions
-//! are re-taken together), and re-checks every [`WAIT_RECHECK`] regardless.
+//! are re-taken together), and re-checks every [`WAIT_RECHECK`] regardless. An engine
+//! that the rule, asked before the batch starts, gives nothing at all is left out of the
+//! batch: its lanes are not even started (see [`Schedule::engines_needed`]).
 //!
 //! **Solo probes and streaks.** An engine's first probes of a class run *alone*: the
 //! probing lane holds the schedule's solo, and the other engines start no pull until
@@ -55,11 +57,11 @@ use crate::error::Result;
 /// the lanes doing the work.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
-/// On a streak, one pull in this many is timed, booked and counted busy: the engine's
-/// estimate still follows load changes, and the other pulls skip two clock reads, ~50
-/// floating-point operations and four atomic read-modify-writes (a few microseconds
-/// per pull under the testbed's emulation, where batches of tiny jobs lost 10-15% to
-/// them).
+/// On a streak, one pull in this many is timed and booked: the engine's estimate still
+/// follows load changes, and the other pulls skip two clock reads and ~50
+/// floating-point operations (a few microseconds per pull under the testbed's
+/// emulation, where batches of tiny jobs lost 10-15% to them). Every pull is still
+/// counted busy, so a probe meant to run alone never overlaps one unseen.
 const STREAK_SAMPLE: u32 = 8;
 
 /// No lane holds the solo.
@@ -215,6 +217,9 @@ struct LaneState {
     streak: Option<(u64, usize)>,
     /// Pulls taken on streaks so far; only every [`STREAK_SAMPLE`]th is timed.
     streak_pulls: u32,
+    /// The pull in progress is an untimed streak pull, counted busy until the lane's
+    /// next call.
+    untimed: bool,
 }
 
 /// How the jobs of one pull were chosen.
@@ -830,6 +835,9 @@ impl Schedule for AdaptiveSchedule {
         let module = !self.host_cpu[engine] && self.cpu_clock_needed();
         let mut state = lock(&self.pulls[lane]);
         let mut now = None;
+        if std::mem::take(&mut state.untimed) {
+            self.unbusy(engine);
+        }
         if let Some(previous) = state.pull.take() {
             let at = Instant::now();
             now = Some((at, module.then(thread_cpu_time)));
@@ -843,9 +851,14 @@ impl Schedule for AdaptiveSchedule {
         if taken.streak {
             state.streak_pulls = state.streak_pulls.wrapping_add(1);
             if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
-                // Untimed, and not counted busy either: the other engines are idle, so
-                // nobody needs to see it (a lane that wakes to probe alone ends the
-                // streak first, and overlaps at most this one pull).
+                // Untimed, but still counted busy and started: a lane that wakes to
+                // measure alone waits for it to end, and one measuring already sees it
+                // overlap. (Uncounted, it overlapped solo probes unseen: on one core a
+                // 1 KiB module probe beside a CPU job looked 2x slower, and the module
+                // lost the size it was best at for several batches.)
+                self.busy[engine].fetch_add(1, Ordering::AcqRel);
+                self.starts[engine].fetch_add(1, Ordering::AcqRel);
+                state.untimed = true;
                 return true;
             }
         }
