@@ -943,7 +943,8 @@ fn split(opts: &mut Opts) {
     report(opts, &row);
     // A load average counts this bench's own lanes; what matters is the CPU time other
     // processes took while it ran, from /proc/stat less our own process's CPU time.
-    if let Some(busy_before) = busy_before {
+    // (A smoke run is too short for /proc/stat's 10 ms ticks to say anything.)
+    if let Some(busy_before) = busy_before.filter(|_| !opts.quick) {
         let wall = wall.elapsed().as_secs_f64();
         let ours = (process_cpu_time() - ours_before).as_secs_f64();
         let others = busy_cpu_seconds().map_or(0.0, |b| b - busy_before - ours) / wall;
