@@ -348,46 +348,37 @@ impl CpuLane {
 
     /// The keyed context for this job, created on first use.
     fn context(&mut self, job: &Job, keys: &KeyStore) -> Result<&mut CipherCtx> {
-        let id = (job.key, job.cipher, job.direction);
-        match self.contexts.iter().position(|(k, _)| *k == id) {
-            Some(0) => {}
-            Some(i) => self.contexts[..=i].rotate_right(1),
-            None => {
-                let ctx = keys.with_key(job.key, |key| {
+        most_recent(
+            &mut self.contexts,
+            (job.key, job.cipher, job.direction),
+            || {
+                keys.with_key(job.key, |key| {
                     keyed_context(job.cipher, job.direction, key.as_bytes())
-                })??;
-                self.contexts.insert(0, (id, ctx));
-            }
-        }
-        Ok(&mut self.contexts[0].1)
+                })?
+            },
+        )
     }
 
     /// The chained CBC encryption context for this job's key, created on first use.
     fn cbc_chain(&mut self, job: &Job, keys: &KeyStore) -> Result<&mut chain::CbcChain> {
-        let id = (job.key, job.cipher.key_size);
-        match self.cbc_chains.iter().position(|(k, _)| *k == id) {
-            Some(0) => {}
-            Some(i) => self.cbc_chains[..=i].rotate_right(1),
-            None => {
-                let cbc = Cipher {
-                    key_size: job.cipher.key_size,
-                    mode: Mode::Cbc,
-                };
-                let ctx = keys.with_key(job.key, |key| {
-                    // A wrong key length is reported for the job's own cipher.
-                    keyed_context(cbc, Direction::Encrypt, key.as_bytes()).map_err(|e| match e {
-                        Error::KeyLength { expected, got, .. } => Error::KeyLength {
-                            cipher: job.cipher,
-                            expected,
-                            got,
-                        },
-                        e => e,
-                    })
-                })??;
-                self.cbc_chains.insert(0, (id, chain::CbcChain::new(ctx)));
-            }
-        }
-        Ok(&mut self.cbc_chains[0].1)
+        most_recent(&mut self.cbc_chains, (job.key, job.cipher.key_size), || {
+            let cbc = Cipher {
+                key_size: job.cipher.key_size,
+                mode: Mode::Cbc,
+            };
+            let ctx = keys.with_key(job.key, |key| {
+                // A wrong key length is reported for the job's own cipher.
+                keyed_context(cbc, Direction::Encrypt, key.as_bytes()).map_err(|e| match e {
+                    Error::KeyLength { expected, got, .. } => Error::KeyLength {
+                        cipher: job.cipher,
+                        expected,
+                        got,
+                    },
+                    e => e,
+                })
+            })??;
+            Ok(chain::CbcChain::new(ctx))
+        })
     }
 
     /// Runs one job, through the `aes` crate if it is block-parallel and the lane is
@@ -579,22 +570,36 @@ fn aes_key<'c>(
     cipher: Cipher,
     keys: &KeyStore,
 ) -> Result<&'c multibuf::AesKey> {
-    let slot = (id, cipher.key_size);
-    match cache.iter().position(|(k, _)| *k == slot) {
+    let key = most_recent(cache, (id, cipher.key_size), || {
+        keys.with_key(id, |key| {
+            multibuf::AesKey::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
+                cipher,
+                expected: cipher.key_len(),
+                got: key.len(),
+            })
+        })?
+    })?;
+    Ok(key)
+}
+
+/// The value for `id` in a most-recently-used-first list, moved to the front, or made
+/// by `make` and put there. The lane's caches are such lists rather than hash maps: a
+/// lane sees a handful of keys, and comparing a few small tuples costs less than
+/// hashing one (which showed in profiles of 16-byte jobs).
+fn most_recent<K: PartialEq, V>(
+    list: &mut Vec<(K, V)>,
+    id: K,
+    make: impl FnOnce() -> Result<V>,
+) -> Result<&mut V> {
+    match list.iter().position(|(k, _)| *k == id) {
         Some(0) => {}
-        Some(i) => cache[..=i].rotate_right(1),
+        Some(i) => list[..=i].rotate_right(1),
         None => {
-            let key = keys.with_key(id, |key| {
-                multibuf::AesKey::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
-                    cipher,
-                    expected: cipher.key_len(),
-                    got: key.len(),
-                })
-            })??;
-            cache.insert(0, (slot, key));
+            let value = make()?;
+            list.insert(0, (id, value));
         }
     }
-    Ok(&cache[0].1)
+    Ok(&mut list[0].1)
 }
 
 /// An error copied for each job it concerns (errors are not `Clone`): a key lookup's
