@@ -319,7 +319,6 @@ impl Dispatcher {
                 retry: VecDeque::new(),
                 running: initial,
                 done: false,
-                spawned: initial,
                 exited: 0,
                 start_deferred: false,
             }),
@@ -371,7 +370,7 @@ impl Dispatcher {
             // Wait for the lanes to end, starting the deferred ones if a lane asks.
             if !deferred.is_empty() {
                 let mut coord = lock(&shared.coord);
-                while coord.exited < coord.spawned && !coord.start_deferred {
+                while coord.exited < shared.lane_count && !coord.start_deferred {
                     coord = shared.wake.wait(coord).unwrap_or_else(|e| e.into_inner());
                 }
                 let start_deferred = coord.start_deferred;
@@ -570,21 +569,24 @@ struct Coord {
     running: usize,
     /// The batch is over: every lane leaves.
     done: bool,
-    /// Lane threads started, and those that have ended.
-    spawned: usize,
+    /// Lane threads that have ended (counted only while some lanes are deferred: the
+    /// batch's thread waits on it to know whether it may still have to start them).
     exited: usize,
     /// A lane asked for the deferred lanes (an engine failed; its jobs may need them).
     start_deferred: bool,
 }
 
 /// Counts a lane thread's end, however it ends (a panic included), and wakes the
-/// batch's thread, which may be waiting to start deferred lanes.
+/// batch's thread, which may be waiting to start deferred lanes (only then: the
+/// wake-up is a system call per lane and batch).
 struct LaneExit<'s, 'a>(&'s Shared<'a>);
 
 impl Drop for LaneExit<'_, '_> {
     fn drop(&mut self) {
-        lock(&self.0.coord).exited += 1;
-        self.0.wake.notify_all();
+        if self.0.deferred > 0 {
+            lock(&self.0.coord).exited += 1;
+            self.0.wake.notify_all();
+        }
     }
 }
 
@@ -749,7 +751,6 @@ impl Shared<'_> {
         if self.deferred > 0 && !coord.start_deferred {
             coord.start_deferred = true;
             coord.running += self.deferred;
-            coord.spawned += self.deferred;
             drop(coord);
             self.wake.notify_all();
         }

@@ -220,8 +220,6 @@ struct LaneState {
     /// The pull in progress is an untimed streak pull, counted busy until the lane's
     /// next call.
     untimed: bool,
-    /// The lane has called `next` in this batch.
-    started: bool,
 }
 
 /// How the jobs of one pull were chosen.
@@ -295,11 +293,6 @@ struct AdaptiveSchedule {
     /// The engines whose lanes this batch starts with (see
     /// [`AdaptiveSchedule::leave_out_idle_engines`]).
     needed: EngineMask,
-    /// Per engine: the class the placement rule gave it before the batch, when it is
-    /// the only engine left in it: its lanes start on a streak there, without deciding
-    /// again (a decision is ~100 floating-point operations and a few microseconds under
-    /// emulation, per lane and batch).
-    planned: Vec<Option<usize>>,
 }
 
 impl AdaptiveSchedule {
@@ -430,7 +423,6 @@ impl AdaptiveSchedule {
             wait: Mutex::new(0),
             wake: Condvar::new(),
             needed: EngineMask(u64::MAX),
-            planned: vec![None; n_engines],
         }
     }
 
@@ -458,10 +450,19 @@ impl AdaptiveSchedule {
             }
         }
         self.needed = needed;
+        // The one engine left starts on a streak in the class the rule gives it, without
+        // deciding again in its lanes' first pulls (a decision is ~100 floating-point
+        // operations, a few microseconds under emulation, per lane and batch). Epoch 0
+        // is the plan's: any event since ends the streak.
         if needed.count() == 1 {
             for e in (0..self.alive.len()).filter(|&e| needed.contains(e)) {
                 if let Decision::Take(q) = decide(self, e) {
-                    self.planned[e] = Some(q);
+                    for (lane, state) in self.pulls.iter_mut().enumerate() {
+                        if self.engine_of[lane] == e {
+                            state.get_mut().unwrap_or_else(|p| p.into_inner()).streak =
+                                Some((0, q));
+                        }
+                    }
                 }
             }
         }
@@ -860,12 +861,6 @@ impl Schedule for AdaptiveSchedule {
         let mut now = None;
         if std::mem::take(&mut state.untimed) {
             self.unbusy(engine);
-        }
-        if !std::mem::replace(&mut state.started, true) {
-            if let Some(q) = self.planned[engine] {
-                // The epoch the plan was made at: any event since ends the streak.
-                state.streak = Some((0, q));
-            }
         }
         if let Some(previous) = state.pull.take() {
             let at = Instant::now();
