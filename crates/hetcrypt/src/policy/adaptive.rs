@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View};
 use super::queue::{live_engines, JobList};
-use super::{EngineMask, Plan, Policy, Schedule};
+use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
 
@@ -67,9 +67,9 @@ const STREAK_SAMPLE: u32 = 8;
 /// No lane holds the solo.
 const NO_SOLO: usize = usize::MAX;
 
-/// What the model is keyed by across batches: engine name and lane count (a lane's
-/// cost depends on how many lanes share the host), cipher, direction, size bucket.
-type ModelKey = (String, usize, Cipher, Direction, usize);
+/// What the model is keyed by across batches: the engine (its position in
+/// [`Knowledge::engines`]), cipher, direction, size bucket.
+type ModelKey = (usize, Cipher, Direction, usize);
 
 /// What is kept per engine and class across batches.
 #[derive(Clone, Copy, Debug, Default)]
@@ -83,11 +83,34 @@ struct Learned {
 }
 
 /// What an [`Adaptive`] value and its schedules learn: per engine and class, and per
-/// engine (name, lanes) how much its lanes slow down beside other engines' jobs.
+/// engine how much its lanes slow down beside other engines' jobs.
 #[derive(Debug, Default)]
 struct Knowledge {
+    /// The engines measured so far, by name and lane count (a lane's cost depends on
+    /// how many lanes share the host), in the order first seen. The model is keyed by
+    /// position here, so a batch finds its estimates without building owned keys.
+    engines: Vec<(String, usize)>,
     costs: HashMap<ModelKey, Learned>,
-    interference: HashMap<(String, usize), Estimate>,
+    /// Per engine of `engines`.
+    interference: Vec<Estimate>,
+}
+
+impl Knowledge {
+    /// The position of engine `name` with `lanes` lanes in `engines`, added if new.
+    fn engine(&mut self, name: &str, lanes: usize) -> usize {
+        match self
+            .engines
+            .iter()
+            .position(|(n, l)| n == name && *l == lanes)
+        {
+            Some(id) => id,
+            None => {
+                self.engines.push((name.to_string(), lanes));
+                self.interference.push(Estimate::default());
+                self.engines.len() - 1
+            }
+        }
+    }
 }
 
 /// The model shared by an [`Adaptive`] value and its schedules.
@@ -134,12 +157,13 @@ impl Adaptive {
 
     /// What the policy has learned so far, sorted by engine, cipher, direction, size.
     pub fn learned(&self) -> Vec<LearnedCost> {
-        let mut out: Vec<LearnedCost> = lock(&self.learned)
+        let known = lock(&self.learned);
+        let mut out: Vec<LearnedCost> = known
             .costs
             .iter()
-            .map(|((engine, lanes, cipher, direction, b), e)| LearnedCost {
-                engine: engine.clone(),
-                lanes: *lanes,
+            .map(|((engine, cipher, direction, b), e)| LearnedCost {
+                engine: known.engines[*engine].0.clone(),
+                lanes: known.engines[*engine].1,
                 cipher: *cipher,
                 direction: *direction,
                 min_len: model::bucket_floor(*b),
@@ -243,6 +267,49 @@ struct Class {
     jobs: JobList,
 }
 
+/// A class while the plan sorts jobs into it: a run of consecutive job indices until
+/// a job breaks the run, then a list (most batches are runs of equal jobs, and a run
+/// needs no per-job work).
+struct Gathered {
+    engines: EngineMask,
+    key: usize,
+    bucket: usize,
+    max_len: usize,
+    /// The run `first, first + 1, ..` of `run` jobs, while `listed` is `None`.
+    first: usize,
+    run: usize,
+    listed: Option<Vec<usize>>,
+}
+
+impl Gathered {
+    /// Adds the jobs `run`, whose longest is `max_len` (runs come in increasing order).
+    fn add(&mut self, run: std::ops::Range<usize>, max_len: usize) {
+        self.max_len = self.max_len.max(max_len);
+        match &mut self.listed {
+            None if self.first + self.run == run.start => self.run += run.len(),
+            None => {
+                let mut jobs: Vec<usize> = (self.first..self.first + self.run).collect();
+                jobs.extend(run);
+                self.listed = Some(jobs);
+            }
+            Some(jobs) => jobs.extend(run),
+        }
+    }
+
+    fn into_class(self) -> Class {
+        Class {
+            engines: self.engines,
+            key: self.key,
+            bucket: self.bucket,
+            max_len: self.max_len,
+            jobs: match self.listed {
+                Some(jobs) => JobList::new(jobs),
+                None => JobList::run(self.first, self.run),
+            },
+        }
+    }
+}
+
 /// One batch under `adaptive`.
 struct AdaptiveSchedule {
     classes: Vec<Class>,
@@ -265,9 +332,9 @@ struct AdaptiveSchedule {
     trials: Vec<AtomicUsize>,
     /// Per engine and class: whether the one re-measurement of this batch is unused.
     reprobe: Vec<AtomicBool>,
-    /// Per engine: name and lane count at plan time (the model's key), whether it uses
+    /// Per engine: its position in the model's [`Knowledge::engines`], whether it uses
     /// the host CPU, lanes still working.
-    names: Vec<(String, usize)>,
+    ids: Vec<usize>,
     host_cpu: Vec<bool>,
     alive: Vec<AtomicUsize>,
     cores: usize,
@@ -302,84 +369,91 @@ impl AdaptiveSchedule {
             HashMap::new();
         let mut key_index: HashMap<(Cipher, Direction, usize), usize> = HashMap::new();
         let mut keys = Vec::new();
-        // (engines, key, bucket, longest job, jobs) per class.
-        let mut members: Vec<(EngineMask, usize, usize, usize, Vec<usize>)> = Vec::new();
-        // Consecutive jobs are mostly of one class: remember the last one and hash only
-        // when the class changes (hashing every job cost ~900 instructions per job,
-        // a third of a 16-byte job, under callgrind).
-        let mut last: Option<((EngineMask, Cipher, Direction, usize), usize)> = None;
-        for (i, job) in plan.jobs.iter().enumerate() {
+        let mut members: Vec<Gathered> = Vec::new();
+        // Consecutive jobs are mostly of one class: the loop scans a run of jobs of one
+        // class, then looks the class up (hashing) and adds the run whole. Hashing every
+        // job cost ~900 instructions per job under callgrind, a third of a 16-byte job;
+        // appending every job to its class's list still cost ~45.
+        let jobs = plan.jobs;
+        // Cipher, direction and size bucket compare as one word: the derived comparison
+        // of the tuple, field by field, was most of this loop's cost.
+        let code = |job: &JobMeta| {
+            let b = model::bucket(job.len);
+            (b as u64) << 16
+                | (job.cipher.key_size as u64) << 8
+                | (job.cipher.mode as u64) << 4
+                | job.direction as u64
+        };
+        let mut start = 0;
+        while let Some(job) = jobs.get(start) {
             let engines = job.engines.intersect(live);
             if engines.is_empty() {
+                start += 1;
                 continue;
             }
-            let b = model::bucket(job.len);
-            let class = (engines, job.cipher, job.direction, b);
-            let q = match last {
-                Some((c, q)) if c == class => q,
-                _ => {
-                    let key = *key_index
-                        .entry((job.cipher, job.direction, b))
-                        .or_insert_with(|| {
-                            keys.push((job.cipher, job.direction, b));
-                            keys.len() - 1
-                        });
-                    let q = *class_index.entry(class).or_insert_with(|| {
-                        members.push((engines, key, b, 0, Vec::new()));
-                        members.len() - 1
-                    });
-                    last = Some((class, q));
-                    q
+            let this = code(job);
+            let mut end = start + 1;
+            let mut max_len = job.len;
+            while let Some(next) = jobs.get(end) {
+                if next.engines.intersect(live) != engines || code(next) != this {
+                    break;
                 }
-            };
-            members[q].3 = members[q].3.max(job.len);
-            members[q].4.push(i);
+                max_len = max_len.max(next.len);
+                end += 1;
+            }
+            let (cipher, direction, b) = (job.cipher, job.direction, model::bucket(job.len));
+            let key = *key_index.entry((cipher, direction, b)).or_insert_with(|| {
+                keys.push((cipher, direction, b));
+                keys.len() - 1
+            });
+            let q = *class_index
+                .entry((engines, cipher, direction, b))
+                .or_insert_with(|| {
+                    members.push(Gathered {
+                        engines,
+                        key,
+                        bucket: b,
+                        max_len: 0,
+                        first: start,
+                        run: 0,
+                        listed: None,
+                    });
+                    members.len() - 1
+                });
+            members[q].add(start..end, max_len);
+            start = end;
         }
         // Within a class, jobs are taken in batch order.
-        let classes: Vec<Class> = members
-            .into_iter()
-            .map(|(engines, key, bucket, max_len, jobs)| Class {
-                engines,
-                key,
-                bucket,
-                max_len,
-                jobs: JobList::new(jobs),
-            })
-            .collect();
+        let classes: Vec<Class> = members.into_iter().map(Gathered::into_class).collect();
 
         let n_engines = plan.engines.len();
         let mut lanes = vec![0usize; n_engines];
         for l in plan.lanes {
             lanes[l.engine] += 1;
         }
-        let names: Vec<(String, usize)> = plan
-            .engines
-            .iter()
-            .map(|e| (e.name.clone(), e.lanes))
-            .collect();
-        let (estimates, interference) = {
-            let known = lock(&learned);
-            let stored = |name: &String, n: usize, (c, d, b): (Cipher, Direction, usize)| {
-                let key = (name.clone(), n, c, d, b);
-                known.costs.get(&key).copied().unwrap_or_default()
-            };
-            let estimates: Vec<SharedEstimate> = names
+        let (ids, estimates, interference) = {
+            let mut known = lock(&learned);
+            let ids: Vec<usize> = plan
+                .engines
                 .iter()
-                .flat_map(|(name, n)| {
-                    keys.iter()
-                        .map(move |&k| SharedEstimate::new(stored(name, *n, k).all))
-                })
+                .map(|e| known.engine(&e.name, e.lanes))
                 .collect();
-            let interference: Vec<Interference> = names
-                .iter()
-                .map(|(name, n)| {
-                    let alone = keys.iter().map(|&k| stored(name, *n, k).alone).collect();
-                    let ratios = keys.iter().map(|&k| stored(name, *n, k).ratio).collect();
-                    let ratio = known.interference.get(&(name.clone(), *n));
-                    Interference::new(alone, ratios, ratio.copied().unwrap_or_default())
-                })
-                .collect();
-            (estimates, interference)
+            let mut estimates = Vec::with_capacity(ids.len() * keys.len());
+            let mut interference = Vec::with_capacity(ids.len());
+            for &id in &ids {
+                let stored: Vec<Learned> = keys
+                    .iter()
+                    .map(|&(c, d, b)| known.costs.get(&(id, c, d, b)).copied())
+                    .map(Option::unwrap_or_default)
+                    .collect();
+                estimates.extend(stored.iter().map(|l| SharedEstimate::new(l.all)));
+                interference.push(Interference::new(
+                    stored.iter().map(|l| l.alone).collect(),
+                    stored.iter().map(|l| l.ratio).collect(),
+                    known.interference[id],
+                ));
+            }
+            (ids, estimates, interference)
         };
         let smaller = keys
             .iter()
@@ -405,7 +479,7 @@ impl AdaptiveSchedule {
             interference,
             busy: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
-            names,
+            ids,
             host_cpu: plan.engines.iter().map(|e| e.uses_host_cpu).collect(),
             alive: lanes.into_iter().map(AtomicUsize::new).collect(),
             cores: plan.cores.max(1),
@@ -456,6 +530,7 @@ impl AdaptiveSchedule {
         // is the plan's: any event since ends the streak.
         if needed.count() == 1 {
             for e in (0..self.alive.len()).filter(|&e| needed.contains(e)) {
+                // Asked again now that the others are out: their share is its to take.
                 if let Decision::Take(q) = decide(self, e) {
                     for (lane, state) in self.pulls.iter_mut().enumerate() {
                         if self.engine_of[lane] == e {
@@ -951,7 +1026,12 @@ impl Drop for AdaptiveSchedule {
     /// Keeps what this batch learned for the next one.
     fn drop(&mut self) {
         let mut known = lock(&self.learned);
-        for (e, (name, lanes)) in self.names.iter().enumerate() {
+        for (e, &id) in self.ids.iter().enumerate() {
+            // Only an engine's own lanes book its estimates: one that started no pull
+            // (left out of the batch) learned nothing new.
+            if self.starts[e].load(Ordering::Acquire) == 0 {
+                continue;
+            }
             let (alone, ratios, ratio) = self.interference[e].snapshot();
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
                 let entry = Learned {
@@ -960,12 +1040,11 @@ impl Drop for AdaptiveSchedule {
                     ratio: ratios[k],
                 };
                 if entry.all.samples() > 0 {
-                    let key = (name.clone(), *lanes, cipher, direction, b);
-                    known.costs.insert(key, entry);
+                    known.costs.insert((id, cipher, direction, b), entry);
                 }
             }
             if ratio.samples() > 0 {
-                known.interference.insert((name.clone(), *lanes), ratio);
+                known.interference[id] = ratio;
             }
         }
     }

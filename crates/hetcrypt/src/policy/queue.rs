@@ -141,38 +141,68 @@ pub fn live_engines(plan: &super::Plan<'_>) -> EngineMask {
 /// (`round-robin`) or per class of jobs (`adaptive`).
 #[derive(Debug, Default)]
 pub struct JobList {
-    jobs: Vec<usize>,
+    members: Members,
     next: AtomicUsize,
+}
+
+/// What a [`JobList`] holds: a run of consecutive job indices needs no list (a batch
+/// of equal jobs, the usual case, is one such run per class; building its index list
+/// was a few percent of a batch of tiny jobs), any other set is listed.
+#[derive(Debug)]
+enum Members {
+    Run { first: usize, len: usize },
+    Listed(Vec<usize>),
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Members::Listed(Vec::new())
+    }
 }
 
 impl JobList {
     /// A list holding `jobs`, to be taken in this order.
     pub fn new(jobs: Vec<usize>) -> Self {
         JobList {
-            jobs,
+            members: Members::Listed(jobs),
             next: AtomicUsize::new(0),
+        }
+    }
+
+    /// A list holding the `len` jobs `first, first + 1, ...`, in this order.
+    pub fn run(first: usize, len: usize) -> Self {
+        JobList {
+            members: Members::Run { first, len },
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Appends the members at positions `start..end` (within bounds) to `out`.
+    fn copy(&self, start: usize, end: usize, out: &mut Vec<usize>) {
+        match &self.members {
+            Members::Run { first, .. } => out.extend(first + start..first + end),
+            Members::Listed(jobs) => out.extend_from_slice(&jobs[start..end]),
         }
     }
 
     /// Takes at most `max` jobs into `out`; returns how many.
     pub fn take(&self, max: usize, out: &mut Vec<usize>) -> usize {
-        if max == 0 || self.next.load(Ordering::Relaxed) >= self.jobs.len() {
+        let len = self.len();
+        if max == 0 || self.next.load(Ordering::Relaxed) >= len {
             return 0;
         }
         let start = self.next.fetch_add(max, Ordering::Relaxed);
-        if start >= self.jobs.len() {
+        if start >= len {
             return 0;
         }
-        let end = start.saturating_add(max).min(self.jobs.len());
-        out.extend_from_slice(&self.jobs[start..end]);
+        let end = start.saturating_add(max).min(len);
+        self.copy(start, end, out);
         end - start
     }
 
     /// Jobs not yet taken.
     pub fn remaining(&self) -> usize {
-        self.jobs
-            .len()
-            .saturating_sub(self.next.load(Ordering::Relaxed))
+        self.len().saturating_sub(self.next.load(Ordering::Relaxed))
     }
 
     /// Takes every job not yet taken and closes the list for good.
@@ -180,19 +210,56 @@ impl JobList {
         // Park the cursor far past the end (as `GroupedQueue::engine_failed` does): no
         // lane takes from this list again, and concurrent adds cannot overflow.
         let start = self.next.swap(usize::MAX / 2, Ordering::Relaxed);
-        self.jobs
-            .get(start..)
-            .map(<[usize]>::to_vec)
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        if start < self.len() {
+            self.copy(start, self.len(), &mut out);
+        }
+        out
     }
 
     /// Number of jobs the list was made with.
     pub fn len(&self) -> usize {
-        self.jobs.len()
+        match &self.members {
+            Members::Run { len, .. } => *len,
+            Members::Listed(jobs) => jobs.len(),
+        }
     }
 
     /// Whether the list was made empty.
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobList;
+
+    /// Takes everything from `list` in pulls of `max`, then drains it.
+    fn taken(list: &JobList, max: usize) -> (Vec<usize>, Vec<usize>) {
+        let mut out = Vec::new();
+        while list.take(max, &mut out) > 0 && out.len() < 5 {}
+        (out, list.drain())
+    }
+
+    #[test]
+    fn a_run_and_the_same_jobs_listed_are_taken_alike() {
+        for max in [1, 2, 3, 7] {
+            let run = JobList::run(10, 6);
+            let listed = JobList::new((10..16).collect());
+            assert_eq!(run.len(), 6);
+            assert_eq!(run.remaining(), listed.remaining());
+            let (a, rest_a) = taken(&run, max);
+            let (b, rest_b) = taken(&listed, max);
+            assert_eq!((&a, &rest_a), (&b, &rest_b), "max {max}");
+            let mut all = a;
+            all.extend(rest_a);
+            assert_eq!(all, (10..16).collect::<Vec<_>>());
+            assert_eq!(run.remaining(), 0);
+            assert_eq!(run.take(max, &mut Vec::new()), 0);
+            assert!(run.drain().is_empty());
+        }
+        assert!(JobList::run(3, 0).is_empty());
+        assert_eq!(JobList::run(3, 0).take(4, &mut Vec::new()), 0);
     }
 }
