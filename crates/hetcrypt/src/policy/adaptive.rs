@@ -46,7 +46,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View};
-use super::queue::{live_engines, JobList};
+use super::queue::{live_engines, JobList, ListBuilder};
 use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
@@ -267,47 +267,13 @@ struct Class {
     jobs: JobList,
 }
 
-/// A class while the plan sorts jobs into it: a run of consecutive job indices until
-/// a job breaks the run, then a list (most batches are runs of equal jobs, and a run
-/// needs no per-job work).
+/// A class while the plan sorts jobs into it.
 struct Gathered {
     engines: EngineMask,
     key: usize,
     bucket: usize,
     max_len: usize,
-    /// The run `first, first + 1, ..` of `run` jobs, while `listed` is `None`.
-    first: usize,
-    run: usize,
-    listed: Option<Vec<usize>>,
-}
-
-impl Gathered {
-    /// Adds the jobs `run`, whose longest is `max_len` (runs come in increasing order).
-    fn add(&mut self, run: std::ops::Range<usize>, max_len: usize) {
-        self.max_len = self.max_len.max(max_len);
-        match &mut self.listed {
-            None if self.first + self.run == run.start => self.run += run.len(),
-            None => {
-                let mut jobs: Vec<usize> = (self.first..self.first + self.run).collect();
-                jobs.extend(run);
-                self.listed = Some(jobs);
-            }
-            Some(jobs) => jobs.extend(run),
-        }
-    }
-
-    fn into_class(self) -> Class {
-        Class {
-            engines: self.engines,
-            key: self.key,
-            bucket: self.bucket,
-            max_len: self.max_len,
-            jobs: match self.listed {
-                Some(jobs) => JobList::new(jobs),
-                None => JobList::run(self.first, self.run),
-            },
-        }
-    }
+    jobs: ListBuilder,
 }
 
 /// One batch under `adaptive`.
@@ -414,17 +380,26 @@ impl AdaptiveSchedule {
                         key,
                         bucket: b,
                         max_len: 0,
-                        first: start,
-                        run: 0,
-                        listed: None,
+                        jobs: ListBuilder::default(),
                     });
                     members.len() - 1
                 });
-            members[q].add(start..end, max_len);
+            let class = &mut members[q];
+            class.max_len = class.max_len.max(max_len);
+            class.jobs.extend(start..end);
             start = end;
         }
         // Within a class, jobs are taken in batch order.
-        let classes: Vec<Class> = members.into_iter().map(Gathered::into_class).collect();
+        let classes: Vec<Class> = members
+            .into_iter()
+            .map(|g| Class {
+                engines: g.engines,
+                key: g.key,
+                bucket: g.bucket,
+                max_len: g.max_len,
+                jobs: g.jobs.build(),
+            })
+            .collect();
 
         let n_engines = plan.engines.len();
         let mut lanes = vec![0usize; n_engines];
