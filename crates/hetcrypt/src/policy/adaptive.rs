@@ -86,13 +86,19 @@ struct Learned {
 /// engine how much its lanes slow down beside other engines' jobs.
 #[derive(Debug, Default)]
 struct Knowledge {
-    /// The engines measured so far, by name and lane count (a lane's cost depends on
-    /// how many lanes share the host), in the order first seen. The model is keyed by
+    /// The engines measured so far, in the order first seen. The model is keyed by
     /// position here, so a batch finds its estimates without building owned keys.
-    engines: Vec<(String, usize)>,
+    engines: Vec<KnownEngine>,
     costs: HashMap<ModelKey, Learned>,
-    /// Per engine of `engines`.
-    interference: Vec<Estimate>,
+}
+
+/// An engine the model has seen: name and lane count (a lane's cost depends on how many
+/// lanes share the host), and how much its lanes slow down beside other engines' jobs.
+#[derive(Debug)]
+struct KnownEngine {
+    name: String,
+    lanes: usize,
+    interference: Estimate,
 }
 
 impl Knowledge {
@@ -101,12 +107,15 @@ impl Knowledge {
         match self
             .engines
             .iter()
-            .position(|(n, l)| n == name && *l == lanes)
+            .position(|e| e.name == name && e.lanes == lanes)
         {
             Some(id) => id,
             None => {
-                self.engines.push((name.to_string(), lanes));
-                self.interference.push(Estimate::default());
+                self.engines.push(KnownEngine {
+                    name: name.to_string(),
+                    lanes,
+                    interference: Estimate::default(),
+                });
                 self.engines.len() - 1
             }
         }
@@ -162,8 +171,8 @@ impl Adaptive {
             .costs
             .iter()
             .map(|((engine, cipher, direction, b), e)| LearnedCost {
-                engine: known.engines[*engine].0.clone(),
-                lanes: known.engines[*engine].1,
+                engine: known.engines[*engine].name.clone(),
+                lanes: known.engines[*engine].lanes,
                 cipher: *cipher,
                 direction: *direction,
                 min_len: model::bucket_floor(*b),
@@ -331,9 +340,9 @@ struct AdaptiveSchedule {
 impl AdaptiveSchedule {
     fn new(plan: &Plan<'_>, learned: Model) -> Self {
         let live = live_engines(plan);
-        let mut class_index: HashMap<(EngineMask, Cipher, Direction, usize), usize> =
-            HashMap::new();
-        let mut key_index: HashMap<(Cipher, Direction, usize), usize> = HashMap::new();
+        // Classes and model keys are looked up by the packed code below.
+        let mut class_index: HashMap<(EngineMask, u64), usize> = HashMap::new();
+        let mut key_index: HashMap<u64, usize> = HashMap::new();
         let mut keys = Vec::new();
         let mut members: Vec<Gathered> = Vec::new();
         // Consecutive jobs are mostly of one class: the loop scans a run of jobs of one
@@ -341,11 +350,11 @@ impl AdaptiveSchedule {
         // job cost ~900 instructions per job under callgrind, a third of a 16-byte job;
         // appending every job to its class's list still cost ~45.
         let jobs = plan.jobs;
-        // Cipher, direction and size bucket compare as one word: the derived comparison
-        // of the tuple, field by field, was most of this loop's cost.
+        // Cipher, direction and size bucket compare as one word, equal exactly when all
+        // three are: the derived comparison of the tuple, field by field, was most of
+        // this loop's cost.
         let code = |job: &JobMeta| {
-            let b = model::bucket(job.len);
-            (b as u64) << 16
+            (model::bucket(job.len) as u64) << 16
                 | (job.cipher.key_size as u64) << 8
                 | (job.cipher.mode as u64) << 4
                 | job.direction as u64
@@ -367,23 +376,21 @@ impl AdaptiveSchedule {
                 max_len = max_len.max(next.len);
                 end += 1;
             }
-            let (cipher, direction, b) = (job.cipher, job.direction, model::bucket(job.len));
-            let key = *key_index.entry((cipher, direction, b)).or_insert_with(|| {
-                keys.push((cipher, direction, b));
+            let b = model::bucket(job.len);
+            let key = *key_index.entry(this).or_insert_with(|| {
+                keys.push((job.cipher, job.direction, b));
                 keys.len() - 1
             });
-            let q = *class_index
-                .entry((engines, cipher, direction, b))
-                .or_insert_with(|| {
-                    members.push(Gathered {
-                        engines,
-                        key,
-                        bucket: b,
-                        max_len: 0,
-                        jobs: ListBuilder::default(),
-                    });
-                    members.len() - 1
+            let q = *class_index.entry((engines, this)).or_insert_with(|| {
+                members.push(Gathered {
+                    engines,
+                    key,
+                    bucket: b,
+                    max_len: 0,
+                    jobs: ListBuilder::default(),
                 });
+                members.len() - 1
+            });
             let class = &mut members[q];
             class.max_len = class.max_len.max(max_len);
             class.jobs.extend(start..end);
@@ -425,7 +432,7 @@ impl AdaptiveSchedule {
                 interference.push(Interference::new(
                     stored.iter().map(|l| l.alone).collect(),
                     stored.iter().map(|l| l.ratio).collect(),
-                    known.interference[id],
+                    known.engines[id].interference,
                 ));
             }
             (ids, estimates, interference)
@@ -1019,7 +1026,7 @@ impl Drop for AdaptiveSchedule {
                 }
             }
             if ratio.samples() > 0 {
-                known.interference[id] = ratio;
+                known.engines[id].interference = ratio;
             }
         }
     }
