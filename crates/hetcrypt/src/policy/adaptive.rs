@@ -30,11 +30,13 @@
 //! that the rule, asked before the batch starts, gives nothing at all is left out of the
 //! batch: its lanes are not even started (see [`Schedule::engines_needed`]).
 //!
-//! **Solo probes and streaks.** An engine's first probes of a class run *alone*: the
-//! probing lane holds the schedule's solo, and the other engines start no pull until
-//! its probes are booked, so every engine has an undisturbed cost to be compared by
-//! (beside a busy CPU lane on one core, a module request took 2-3x its own time, and a
-//! module judged by that never got the jobs it was best at). While every lane of the
+//! **Solo probes and streaks.** An engine's probes of a class run *alone*, its first
+//! ones and its re-measurements of a class it declines: the probing lane holds the
+//! schedule's solo, and the other engines start no pull until its probes are booked,
+//! so every engine has an undisturbed cost to be compared by (beside a busy CPU lane on
+//! one core, a module request took 2-3x its own time, and a module judged by that never
+//! got the jobs it was best at), and one whose undisturbed cost came out inflated is
+//! corrected by its next re-measurement. While every lane of the
 //! other engines waits, a lane keeps taking from the class it last chose without
 //! deciding again until some event bumps the schedule's epoch.
 
@@ -664,17 +666,15 @@ impl AdaptiveSchedule {
         (busy, started)
     }
 
-    /// Whether a probe of class `q` by `engine` must run alone: the engine has no
-    /// undisturbed estimate of the class, and another working engine could run it. An
-    /// engine measured only beside others can look slower than it is (on one core, a
-    /// module job beside a busy CPU lane took 2-3x its time alone) and then never get
-    /// the class.
+    /// Whether a probe of class `q` by `engine` must run alone: another working engine
+    /// could run the class. An engine measured only beside others can look slower than
+    /// it is (on one core, a module job beside a busy CPU lane took 2-3x its time alone)
+    /// and then never get the class. That holds for first probes and re-measurements
+    /// alike: a re-measurement is what corrects an undisturbed estimate that came out
+    /// inflated (see [`model::FAST_DOWN`]), and beside the others it never would.
     fn needs_solo(&self, engine: usize, q: usize) -> bool {
         let mask = self.classes[q].engines;
-        self.interference[engine]
-            .alone(self.classes[q].key)
-            .is_none()
-            && (0..self.alive.len()).any(|e| e != engine && mask.contains(e) && self.lanes(e) > 0)
+        (0..self.alive.len()).any(|e| e != engine && mask.contains(e) && self.lanes(e) > 0)
     }
 
     /// The engine holding the solo, or [`NO_SOLO`]. A failed engine's solo is void (a
