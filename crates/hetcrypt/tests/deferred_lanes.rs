@@ -246,3 +246,116 @@ fn adaptive_leaves_out_an_engine_it_gives_nothing() {
     }
     panic!("the slow engine was still started after {ROUNDS} batches");
 }
+
+/// Runs `adaptive` on `jobs` until a batch leaves the slow engine out (the CPU engine
+/// named `cpu` then runs the batch alone, a *sole* batch); panics after [`ROUNDS`].
+fn until_left_out(d: &Dispatcher, jobs: &[Job], adaptive: &Adaptive, cpu: &str) {
+    for _ in 0..ROUNDS {
+        let r = d.run(jobs, adaptive).unwrap();
+        assert!(r.outputs.iter().all(|o| o.is_ok()));
+        if !r.report.engine("sluggish").unwrap().lanes[0].started {
+            assert_eq!(r.report.engine(cpu).unwrap().jobs, jobs.len());
+            return;
+        }
+    }
+    panic!("the slow engine was still started after {ROUNDS} batches");
+}
+
+fn tiny_jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    (0..n)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                key,
+                [i as u8; 16],
+                vec![i as u8; 16],
+            )
+        })
+        .collect()
+}
+
+/// A batch `adaptive` leaves to one engine (its lanes take jobs without deciding and
+/// time whole runs of pulls) still teaches the model: every such batch adds samples
+/// to the CPU's estimate of the class.
+#[test]
+fn adaptive_keeps_learning_in_batches_left_to_one_engine() {
+    let d = Dispatcher::new(vec![
+        CpuEngine::with_lanes(2).into_engine(),
+        Arc::new(Sluggish(CpuEngine::with_lanes(1))),
+    ])
+    .unwrap();
+    let jobs = tiny_jobs(&d, 300);
+    let adaptive = Adaptive::new();
+    until_left_out(&d, &jobs, &adaptive, "cpu");
+    let samples = |a: &Adaptive| {
+        a.learned()
+            .iter()
+            .find(|l| l.engine == "cpu" && l.min_len == 16)
+            .map(|l| l.samples)
+            .expect("the cpu's estimate for 16-byte jobs")
+    };
+    for _ in 0..3 {
+        let before = samples(&adaptive);
+        let r = d.run(&jobs, &adaptive).unwrap();
+        assert!(!r.report.engine("sluggish").unwrap().lanes[0].started);
+        assert!(r.outputs.iter().all(|o| o.is_ok()));
+        assert!(
+            samples(&adaptive) > before,
+            "a batch left to the cpu added no sample ({before} before)"
+        );
+    }
+}
+
+/// The one engine of a batch `adaptive` left to it fails mid-batch: the slow engine's
+/// lane, left out, starts and takes the rest; every job is done once and right.
+#[test]
+fn adaptive_hands_a_failed_sole_engines_jobs_to_the_left_out_one() {
+    /// Jobs per batch, and the batch (after the left-out one) in which the CPU fails,
+    /// a few jobs before its end (the slow engine then runs only those).
+    const JOBS: usize = 200;
+    const LEFT: usize = 6;
+    let flaky = FaultyEngine::new(
+        "flaky",
+        CpuEngine::with_lanes(2).into_engine(),
+        // Far past the batches `adaptive` needs to leave the slow engine out; the loop
+        // below runs whole batches up to the failing one.
+        Fault::AfterJobs(JOBS * ROUNDS * 2 - LEFT),
+    );
+    let d = Dispatcher::new(vec![
+        flaky.into_engine(),
+        Arc::new(Sluggish(CpuEngine::with_lanes(1))),
+    ])
+    .unwrap();
+    let jobs = tiny_jobs(&d, JOBS);
+    let want = reference(&jobs);
+    let adaptive = Adaptive::new();
+    until_left_out(&d, &jobs, &adaptive, "flaky");
+    loop {
+        let r = d.run(&jobs, &adaptive).unwrap();
+        let got: Vec<Vec<u8>> = r
+            .outputs
+            .into_iter()
+            .map(|o| o.expect("every job succeeds").data)
+            .collect();
+        assert!(got == want, "outputs differ");
+        let (flaky, slow) = (
+            r.report.engine("flaky").unwrap(),
+            r.report.engine("sluggish").unwrap(),
+        );
+        assert_eq!(flaky.jobs + slow.jobs, JOBS, "a job lost or done twice");
+        if flaky.failed.is_none() {
+            assert_eq!(slow.jobs, 0, "the left-out engine ran jobs");
+            continue;
+        }
+        assert!(slow.lanes[0].started);
+        assert!(
+            slow.jobs >= 1 && slow.jobs <= LEFT + 16,
+            "{} jobs",
+            slow.jobs
+        );
+        assert!(r.report.redispatched >= 1);
+        return;
+    }
+}
