@@ -104,12 +104,15 @@ struct Knowledge {
 }
 
 /// An engine the model has seen: name and lane count (a lane's cost depends on how many
-/// lanes share the host), and how much its lanes slow down beside other engines' jobs.
+/// lanes share the host), how much its lanes slow down beside other engines' jobs, and
+/// its re-measurement credit (seconds of batches since it last re-measured a class it
+/// declines; see [`model::REPROBE_RATIO`]).
 #[derive(Debug)]
 struct KnownEngine {
     name: String,
     lanes: usize,
     interference: Estimate,
+    credit: f64,
 }
 
 impl Knowledge {
@@ -126,6 +129,7 @@ impl Knowledge {
                     name: name.to_string(),
                     lanes,
                     interference: Estimate::default(),
+                    credit: 0.0,
                 });
                 self.engines.len() - 1
             }
@@ -345,6 +349,13 @@ struct AdaptiveSchedule {
     trials: Vec<AtomicUsize>,
     /// Per engine and class: whether the one re-measurement of this batch is unused.
     reprobe: Vec<AtomicBool>,
+    /// Per engine: its re-measurement credit when the batch was planned, and whether it
+    /// re-measured a class in this batch (which spends the credit).
+    credit: Vec<f64>,
+    reprobed: Vec<AtomicBool>,
+    /// When the batch was planned: the batch's time adds to the credit of every
+    /// engine that did not re-measure.
+    planned: Instant,
     /// Per engine: its position in the model's [`Knowledge::engines`], whether it uses
     /// the host CPU, lanes still working.
     ids: Vec<usize>,
@@ -458,7 +469,7 @@ impl AdaptiveSchedule {
         for l in plan.lanes {
             lanes[l.engine] += 1;
         }
-        let (ids, estimates, interference) = {
+        let (ids, estimates, interference, credit) = {
             let mut known = lock(&learned);
             let ids: Vec<usize> = plan
                 .engines
@@ -480,7 +491,8 @@ impl AdaptiveSchedule {
                     known.engines[id].interference,
                 ));
             }
-            (ids, estimates, interference)
+            let credit = ids.iter().map(|&id| known.engines[id].credit).collect();
+            (ids, estimates, interference, credit)
         };
         let smaller = keys
             .iter()
@@ -499,6 +511,9 @@ impl AdaptiveSchedule {
             reprobe: (0..per_engine_class)
                 .map(|_| AtomicBool::new(true))
                 .collect(),
+            reprobed: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
+            credit,
+            planned: Instant::now(),
             classes,
             keys,
             smaller,
@@ -663,6 +678,14 @@ impl View for AdaptiveSchedule {
 
     fn may_reprobe(&self, e: usize, q: usize) -> bool {
         self.reprobe[self.engine_class(e, q)].load(Ordering::Relaxed)
+    }
+
+    fn reprobe_credit(&self, e: usize) -> f64 {
+        if self.reprobed[e].load(Ordering::Relaxed) {
+            0.0
+        } else {
+            self.credit[e]
+        }
     }
 
     fn alone(&self, e: usize, q: usize) -> Option<Cost> {
@@ -884,6 +907,8 @@ impl AdaptiveSchedule {
                     } else if !self.reprobe[slot].swap(false, Ordering::Relaxed) {
                         // Another lane of this engine used the re-measurement first.
                         continue;
+                    } else {
+                        self.reprobed[engine].store(true, Ordering::Relaxed);
                     }
                     // A whole pull: a batching engine's cost per job depends on it.
                     if self.take(q, max, out) {
@@ -1117,8 +1142,15 @@ impl Schedule for AdaptiveSchedule {
 impl Drop for AdaptiveSchedule {
     /// Keeps what this batch learned for the next one.
     fn drop(&mut self) {
+        let ran = self.planned.elapsed().as_secs_f64();
         let mut known = lock(&self.learned);
         for (e, &id) in self.ids.iter().enumerate() {
+            let credit = &mut known.engines[id].credit;
+            *credit = if *self.reprobed[e].get_mut() {
+                0.0
+            } else {
+                self.credit[e] + ran
+            };
             // Only an engine's own lanes book its estimates: one that started no pull
             // (left out of the batch) learned nothing new.
             if self.starts[e].load(Ordering::Acquire) == 0 {
