@@ -14,6 +14,9 @@ use anyhow::{bail, Context};
 use hetcrypt::policy::{self, Policy};
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Mode};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
 use crate::output::StagedDir;
 use crate::workload::{
@@ -168,10 +171,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let mut runs: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
         for rep in 0..args.reps as usize {
-            // Rotate the order each rep so no policy always runs first (cold caches)
-            // or right after the same neighbour.
-            for k in 0..policies.len() {
-                let i = (k + rep) % policies.len();
+            // A fresh order each round, so no policy always runs first (cold caches) or
+            // right after the same neighbour. Rotating the order did the first but not
+            // the second: each policy always followed the same one, so whatever a
+            // neighbour leaves behind (a module's late completions and kernel work, the
+            // caches it filled) weighed on one policy only, which matters for batches of
+            // tiny jobs that take 2 ms in the testbed. Seeded by round, so a rerun takes
+            // the same orders.
+            let mut order: Vec<usize> = (0..policies.len()).collect();
+            order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(rep as u64));
+            for i in order {
                 let (name, policy) = &policies[i];
                 bar.set_message(format!(
                     "{} {name} (run {}/{})",
