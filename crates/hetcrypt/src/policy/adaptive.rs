@@ -668,6 +668,10 @@ impl View for AdaptiveSchedule {
         self.estimate(e, self.classes[q].key).cost()
     }
 
+    fn samples(&self, e: usize, q: usize) -> u32 {
+        self.estimate(e, self.classes[q].key).get().samples()
+    }
+
     fn probes(&self, e: usize, q: usize) -> usize {
         self.probes[self.engine_class(e, q)].load(Ordering::Relaxed)
     }
