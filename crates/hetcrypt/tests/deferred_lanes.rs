@@ -215,31 +215,26 @@ fn adaptive_leaves_out_an_engine_it_gives_nothing() {
         Arc::new(Sluggish(CpuEngine::with_lanes(1))),
     ])
     .unwrap();
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    let jobs: Vec<Job> = (0..200)
-        .map(|i| {
-            Job::new(
-                Cipher::AES_128_CBC,
-                Direction::Encrypt,
-                key,
-                [i as u8; 16],
-                vec![i as u8; 16],
-            )
-        })
-        .collect();
-    let adaptive = Adaptive::new();
+    let jobs = tiny_jobs(&d, 200);
     // Probes of the slow engine can slip (the CPU may finish a batch before they
     // start), so give it rounds until three batches in a row leave it out.
-    let mut in_a_row = 0;
+    until_left_out(&d, &jobs, &Adaptive::new(), "cpu", 3);
+}
+
+/// Runs `adaptive` on `jobs` until `in_a_row` batches in a row leave the slow engine
+/// out (the CPU engine named `cpu` then runs each alone, a *sole* batch); panics after
+/// [`ROUNDS`] batches.
+fn until_left_out(d: &Dispatcher, jobs: &[Job], adaptive: &Adaptive, cpu: &str, in_a_row: usize) {
+    let mut left_out = 0;
     for _ in 0..ROUNDS {
-        let r = d.run(&jobs, &adaptive).unwrap();
+        let r = d.run(jobs, adaptive).unwrap();
         assert!(r.outputs.iter().all(|o| o.is_ok()));
         if r.report.engine("sluggish").unwrap().lanes[0].started {
-            in_a_row = 0;
+            left_out = 0;
         } else {
-            assert_eq!(r.report.engine("cpu").unwrap().jobs, 200);
-            in_a_row += 1;
-            if in_a_row == 3 {
+            assert_eq!(r.report.engine(cpu).unwrap().jobs, jobs.len());
+            left_out += 1;
+            if left_out == in_a_row {
                 return;
             }
         }
@@ -247,20 +242,7 @@ fn adaptive_leaves_out_an_engine_it_gives_nothing() {
     panic!("the slow engine was still started after {ROUNDS} batches");
 }
 
-/// Runs `adaptive` on `jobs` until a batch leaves the slow engine out (the CPU engine
-/// named `cpu` then runs the batch alone, a *sole* batch); panics after [`ROUNDS`].
-fn until_left_out(d: &Dispatcher, jobs: &[Job], adaptive: &Adaptive, cpu: &str) {
-    for _ in 0..ROUNDS {
-        let r = d.run(jobs, adaptive).unwrap();
-        assert!(r.outputs.iter().all(|o| o.is_ok()));
-        if !r.report.engine("sluggish").unwrap().lanes[0].started {
-            assert_eq!(r.report.engine(cpu).unwrap().jobs, jobs.len());
-            return;
-        }
-    }
-    panic!("the slow engine was still started after {ROUNDS} batches");
-}
-
+/// `n` jobs of 16 bytes (AES-128-CBC encryption) under a fresh key.
 fn tiny_jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
     let key = d.add_key(Key::new(vec![7; 16])).unwrap();
     (0..n)
@@ -288,7 +270,7 @@ fn adaptive_keeps_learning_in_batches_left_to_one_engine() {
     .unwrap();
     let jobs = tiny_jobs(&d, 300);
     let adaptive = Adaptive::new();
-    until_left_out(&d, &jobs, &adaptive, "cpu");
+    until_left_out(&d, &jobs, &adaptive, "cpu", 1);
     let samples = |a: &Adaptive| {
         a.learned()
             .iter()
@@ -331,7 +313,7 @@ fn adaptive_hands_a_failed_sole_engines_jobs_to_the_left_out_one() {
     let jobs = tiny_jobs(&d, JOBS);
     let want = reference(&jobs);
     let adaptive = Adaptive::new();
-    until_left_out(&d, &jobs, &adaptive, "flaky");
+    until_left_out(&d, &jobs, &adaptive, "flaky", 1);
     loop {
         let r = d.run(&jobs, &adaptive).unwrap();
         let got: Vec<Vec<u8>> = r
