@@ -153,8 +153,8 @@ pub const REPROBE_RATIO: f64 = 200.0;
 /// engine is declined on a cost several times its true one (in the two-vCPU testbed the
 /// module's first 16 KiB probes came out at 4.7 ms a job against 1.3 ms alone; waiting
 /// for the 1/200 credit, it was re-measured three batches later, and the CPU ran those
-/// batches alone at 0.6x what `pull` did), so it is re-measured sooner, and the bound
-/// tightens as the estimate settles.
+/// batches alone at about 0.55x what `pull` did), so it is re-measured sooner, and the
+/// bound tightens as the estimate settles.
 pub fn reprobe_ratio(samples: u32) -> f64 {
     REPROBE_RATIO * f64::from(samples.clamp(MIN_SAMPLES, WINDOW)) / f64::from(WINDOW)
 }
