@@ -42,9 +42,8 @@
 //!
 //! **Sole batches.** When the plan leaves every engine but one out, nothing is left to
 //! place: that engine's lanes take each class in turn with one atomic add per pull, and
-//! time a whole run of pulls from one class as one sample (counted as the streak
-//! samples it replaces), so a batch the rule gives to the CPU costs about what
-//! `only:cpu` does.
+//! time their run of pulls from one class in a few spans, booked as samples when the
+//! run ends, so a batch the rule gives to the CPU costs about what `only:cpu` does.
 
 pub mod model;
 
@@ -53,7 +52,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View, WINDOW};
+use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View};
 use super::queue::{live_engines, JobList, ListBuilder};
 use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
 use crate::cipher::{Cipher, Direction};
@@ -77,6 +76,13 @@ const NO_SOLO: usize = usize::MAX;
 
 /// A lane of a sole batch has no run in progress.
 const NO_RUN: usize = usize::MAX;
+
+/// About how many samples a lane's run of pulls in a sole batch is booked as (spans of
+/// at least [`STREAK_SAMPLE`] pulls): enough for an estimate's moving average
+/// ([`model::WINDOW`]) to follow the run, few enough that booking them stays a small
+/// part of a batch of tiny jobs. Spans of 8 pulls, 50 samples for a run of 400, cost
+/// ~0.08 ms of lane CPU time per batch under the testbed's emulation (2 ms batches).
+const SOLE_SAMPLES: usize = 8;
 
 /// What the model is keyed by across batches: the engine (its position in
 /// [`Knowledge::engines`]), cipher, direction, size bucket.
@@ -250,23 +256,24 @@ struct Pull {
     /// pull (the last jobs of a class) costs more per job than its usual one, so it
     /// only teaches an estimate that has nothing better yet.
     full: bool,
-    /// Samples the pull counts as: 1, or for a sole batch's run of pulls timed as one,
-    /// as many as the streak pulls it replaces would have given.
-    weight: u32,
 }
 
 /// A lane's run of pulls from one class in a sole batch (one engine left, see
-/// [`AdaptiveSchedule::sole`]), timed as one pull: the class, and the jobs and pulls
-/// taken so far. Only the lane's own thread touches it; atomics with plain loads and
-/// stores make it shareable without a lock. (A lock, the busy counts and a streak
-/// check per pull cost ~1 us per pull under the testbed's emulation: 0.35-0.4 ms of
-/// lane CPU time per batch of 400 pulls, a batch of 8-byte jobs running 0.88x
-/// `only:cpu`.)
+/// [`AdaptiveSchedule::sole`]): the class, and the jobs and pulls taken so far. Only the
+/// lane's own thread touches it; atomics with plain loads and stores make it shareable
+/// without a lock. (A lock, the busy counts and a streak check per pull cost ~1 us per
+/// pull under the testbed's emulation: 0.35-0.4 ms of lane CPU time per batch of 400
+/// pulls, a batch of 8-byte jobs running 0.88x `only:cpu`.) The run is timed in about
+/// [`SOLE_SAMPLES`] spans, each booked as one sample when the run ends. (One sample per
+/// run, counted as many, would let one host stall inside a run replace the estimate:
+/// the outlier cap works per sample.)
 #[derive(Debug)]
 struct SoleRun {
     class: AtomicUsize,
     jobs: AtomicUsize,
     pulls: AtomicU32,
+    /// Pulls per span.
+    span: AtomicU32,
 }
 
 impl Default for SoleRun {
@@ -275,6 +282,7 @@ impl Default for SoleRun {
             class: AtomicUsize::new(NO_RUN),
             jobs: AtomicUsize::new(0),
             pulls: AtomicU32::new(0),
+            span: AtomicU32::new(STREAK_SAMPLE),
         }
     }
 }
@@ -295,6 +303,10 @@ struct LaneState {
     /// The pull in progress is an untimed streak pull, counted busy until the lane's
     /// next call.
     untimed: bool,
+    /// In a sole batch, where the lane's run of pulls (its pull in progress) has been
+    /// cut into spans so far: when, how many of the run's jobs were done by then, and
+    /// the thread's CPU clock (module lanes).
+    marks: Vec<(Instant, usize, Option<Duration>)>,
 }
 
 /// How the jobs of one pull were chosen.
@@ -826,11 +838,10 @@ impl AdaptiveSchedule {
             (Some(then), Some(now)) => now.saturating_sub(then).as_secs_f64() / n,
             _ => wall,
         };
-        let mut usable = self.estimates[k].observe_many(wall, cpu, WINDOW, pull.weight);
+        let mut usable = self.estimates[k].observe(wall, cpu);
         let (beside_now, others_started) = self.others(engine);
         let overlapped = pull.beside_others || beside_now || others_started != pull.others_started;
-        usable |=
-            self.interference[engine].record_many(pull.key, wall, cpu, overlapped, pull.weight);
+        usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
         if usable {
             self.notify();
         }
@@ -975,40 +986,63 @@ impl AdaptiveSchedule {
 
 impl AdaptiveSchedule {
     /// `next` for a lane of the sole engine: another pull of its run's class, with one
-    /// atomic add, or, once the class runs out, the run booked and another begun.
+    /// atomic add (and at the end of each span a mark), or, once the class runs out, the
+    /// run booked and another begun.
     fn sole_next(&self, lane: usize, engine: usize, max: usize, out: &mut Vec<usize>) -> bool {
         let run = &self.runs[lane];
         let q = run.class.load(Ordering::Relaxed);
         if q != NO_RUN {
+            // The lane asks when it has finished every job it took.
+            let done = run.jobs.load(Ordering::Relaxed);
             let n = self.classes[q].jobs.take(max, out);
             if n > 0 {
-                run.jobs
-                    .store(run.jobs.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-                run.pulls
-                    .store(run.pulls.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                run.jobs.store(done + n, Ordering::Relaxed);
+                let pulls = run.pulls.load(Ordering::Relaxed) + 1;
+                run.pulls.store(pulls, Ordering::Relaxed);
+                if pulls.is_multiple_of(run.span.load(Ordering::Relaxed)) {
+                    let module = !self.host_cpu[engine] && self.cpu_clock_needed();
+                    lock(&self.pulls[lane]).marks.push((
+                        Instant::now(),
+                        done,
+                        module.then(thread_cpu_time),
+                    ));
+                }
                 return true;
             }
         }
         self.sole_switch(lane, engine, max, out)
     }
 
-    /// Books lane `lane`'s finished run and starts one on the next class with jobs left;
-    /// false when none is left.
+    /// Books lane `lane`'s finished run, span by span, and starts one on the next class
+    /// with jobs left; false when none is left.
     fn sole_switch(&self, lane: usize, engine: usize, max: usize, out: &mut Vec<usize>) -> bool {
         let run = &self.runs[lane];
         let module = !self.host_cpu[engine] && self.cpu_clock_needed();
         let mut state = lock(&self.pulls[lane]);
-        if let Some(mut previous) = state.pull.take() {
-            let pulls = run.pulls.load(Ordering::Relaxed);
-            previous.jobs = run.jobs.load(Ordering::Relaxed);
-            previous.full |= pulls > 1;
-            previous.weight = (pulls / STREAK_SAMPLE).max(1);
-            self.book(
-                engine,
-                previous,
-                Instant::now(),
-                module.then(thread_cpu_time),
-            );
+        if let Some(first) = state.pull.take() {
+            let (now, cpu_now) = (Instant::now(), module.then(thread_cpu_time));
+            let total = run.jobs.load(Ordering::Relaxed);
+            let mut from = (first.since, 0, first.cpu_since);
+            for (at, done, cpu) in state.marks.drain(..) {
+                let span = Pull {
+                    since: from.0,
+                    jobs: done - from.1,
+                    cpu_since: from.2,
+                    full: true,
+                    ..first
+                };
+                self.record(engine, span, at, cpu);
+                from = (at, done, cpu);
+            }
+            let last = Pull {
+                since: from.0,
+                jobs: total - from.1,
+                cpu_since: from.2,
+                // Only a run of one pull that took fewer jobs than asked is partial.
+                full: first.full || run.pulls.load(Ordering::Relaxed) > 1,
+                ..first
+            };
+            self.book(engine, last, now, cpu_now);
         }
         for (q, class) in self.classes.iter().enumerate() {
             if !class.engines.contains(engine) {
@@ -1018,6 +1052,10 @@ impl AdaptiveSchedule {
             if n == 0 {
                 continue;
             }
+            // The pulls this lane may expect of the class, cut into spans.
+            let ahead = (class.jobs.remaining() + n) / (self.lanes(engine).max(1) * max.max(1));
+            let span = u32::try_from(ahead / SOLE_SAMPLES).unwrap_or(u32::MAX);
+            run.span.store(span.max(STREAK_SAMPLE), Ordering::Relaxed);
             run.class.store(q, Ordering::Relaxed);
             run.jobs.store(n, Ordering::Relaxed);
             run.pulls.store(1, Ordering::Relaxed);
@@ -1033,7 +1071,6 @@ impl AdaptiveSchedule {
                 others_started,
                 solo: false,
                 full: n >= max,
-                weight: 1,
             });
             return true;
         }
@@ -1103,7 +1140,6 @@ impl Schedule for AdaptiveSchedule {
             others_started,
             solo,
             full: jobs >= max,
-            weight: 1,
         });
         true
     }

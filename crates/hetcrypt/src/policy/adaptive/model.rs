@@ -290,34 +290,21 @@ impl SharedEstimate {
 
     /// As [`SharedEstimate::observe`], averaging over about `window` samples.
     pub fn observe_over(&self, wall: f64, cpu: f64, window: u32) -> bool {
-        self.observe_many(wall, cpu, window, 1)
-    }
-
-    /// As [`SharedEstimate::observe_over`], counting the sample `n` times: the average
-    /// of a long run of jobs timed as one is worth as much as the `n` single samples it
-    /// stands for, and the estimate then follows load changes as fast as before.
-    pub fn observe_many(&self, wall: f64, cpu: f64, window: u32, n: u32) -> bool {
-        self.update(n, |e| {
-            for _ in 0..n {
-                e.observe_over(wall, cpu, window);
-            }
-        })
+        self.update(|e| e.observe_over(wall, cpu, window))
     }
 
     /// As [`Estimate::observe_ratio`]; returns whether the estimate became usable.
     pub fn observe_ratio(&self, ratio: f64, window: u32) -> bool {
-        self.update(1, |e| e.observe_ratio(ratio, window))
+        self.update(|e| e.observe_ratio(ratio, window))
     }
 
-    /// Applies `add` (which adds `n` samples) to the current value; returns whether the
-    /// estimate became usable.
-    fn update(&self, n: u32, add: impl FnOnce(&mut Estimate)) -> bool {
+    fn update(&self, add: impl FnOnce(&mut Estimate)) -> bool {
         let mut e = self.get();
         add(&mut e);
         self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
         self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
-        let before = self.samples.fetch_add(n, Ordering::Release);
-        before < MIN_SAMPLES && before.saturating_add(n) >= MIN_SAMPLES
+        let before = self.samples.fetch_add(1, Ordering::Release);
+        before + 1 == MIN_SAMPLES
     }
 
     /// The estimate, once usable.
@@ -400,17 +387,11 @@ impl Interference {
     /// Books one job of model key `key` (wall and CPU seconds), overlapped by another
     /// engine's job or not; returns whether an estimate became usable.
     pub fn record(&self, key: usize, wall: f64, cpu: f64, overlapped: bool) -> bool {
-        self.record_many(key, wall, cpu, overlapped, 1)
-    }
-
-    /// As [`Interference::record`], an undisturbed sample counting `n` times (see
-    /// [`SharedEstimate::observe_many`]; overlapped samples come one pull at a time).
-    pub fn record_many(&self, key: usize, wall: f64, cpu: f64, overlapped: bool, n: u32) -> bool {
         let Some(alone) = self.alone.get(key) else {
             return false;
         };
         if !overlapped {
-            return alone.observe_many(wall, cpu, INTERFERENCE_WINDOW, n);
+            return alone.observe_over(wall, cpu, INTERFERENCE_WINDOW);
         }
         match alone.cost() {
             Some(a) if a.wall > 0.0 => {
