@@ -357,9 +357,6 @@ pub trait View {
     /// engine's job runs beside it, once measured (on that class if it has been, else
     /// across classes).
     fn slowdown(&self, e: usize, q: usize) -> Option<f64>;
-    /// Whether [`View::slowdown`] of engine `e` on class `q` was measured on the class
-    /// itself, not stood in for by the ratio across classes.
-    fn slowdown_measured(&self, e: usize, q: usize) -> bool;
 }
 
 /// What an engine's lanes measure about the other engines' jobs running beside theirs.
@@ -418,12 +415,6 @@ impl Interference {
     /// across classes.
     pub fn slowdown(&self) -> Option<f64> {
         Some(lost_fraction(self.ratio.cost()?.wall))
-    }
-
-    /// Whether model key `key` has its own ratio measured (else [`Self::slowdown_in`]
-    /// stands in with the ratio across keys).
-    pub fn measured_in(&self, key: usize) -> bool {
-        self.ratios.get(key).is_some_and(|e| e.cost().is_some())
     }
 
     /// The same for model key `key`: its own ratio once measured, else [`Self::slowdown`].
@@ -497,9 +488,8 @@ enum Verdict {
     NotWorth,
     /// Not known yet: the best single engine first measures the class undisturbed.
     HoldOff,
-    /// Not known yet: how much this engine's jobs slow the others (or how much the
-    /// others slow it) is unmeasured on this class; a few trial jobs ([`MIX_TRIALS`])
-    /// measure it.
+    /// Not known yet: how much this engine's jobs slow the others is unmeasured; a few
+    /// trial jobs ([`MIX_TRIALS`]) measure it.
     Unmeasured,
 }
 
@@ -540,12 +530,10 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
         return Verdict::HoldOff;
     };
     let mask = v.class_engines(q);
-    // Lane-seconds the others lose per second of this engine's work, whether all of
-    // them have measured it, and whether on this class itself (rather than across
-    // classes, the stand-in until a class is measured).
+    // Lane-seconds the others lose per second of this engine's work, and whether all
+    // of them have measured it.
     let mut slowdown = 0.0;
     let mut measured = true;
-    let mut on_class = v.slowdown_measured(e, q);
     // The lane time the job would take elsewhere, undisturbed.
     let mut gain = best_alone.wall;
     for o in (0..v.engines()).filter(|&o| o != e && mask.contains(o) && v.lanes(o) > 0) {
@@ -556,7 +544,6 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
             Some(s) => slowdown += v.lanes(o) as f64 * s,
             None => measured = false,
         }
-        on_class &= v.slowdown_measured(o, q);
     }
     let lost = if measured {
         // This engine's lanes together cause the measured slowdown; one job's share.
@@ -570,31 +557,17 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
             _ => mine.wall,
         };
         slowdown * beside / v.lanes(e).max(1) as f64
+    } else if !v.uses_host_cpu(e) && steal * mine.cpu >= gain * MIX_MARGIN {
+        // A module not yet measured side by side whose thread's own CPU time, a lower
+        // bound of what it takes from the CPU lanes, already exceeds what it may cost.
+        return Verdict::NotWorth;
     } else {
-        return unmeasured(v, e, mine, gain, steal);
+        return Verdict::Unmeasured;
     };
     if lost < gain * MIX_MARGIN {
         Verdict::Worth
-    } else if on_class {
-        Verdict::NotWorth
     } else {
-        // Judged on other classes' slowdowns, which can be far from this one's (in the
-        // two-vCPU testbed the module's requests of 1-4 KiB were slowed by the CPU lanes
-        // far more than its 16 KiB ones, and the CPU never joined a class where `pull`
-        // gained 1.59x): a few trial jobs measure the class itself.
-        unmeasured(v, e, mine, gain, steal)
-    }
-}
-
-/// The cost rule's answer for engine `e` (cost `mine` per job) while its slowdowns on
-/// the class are not measured: a few trial jobs, unless it is a module whose thread's
-/// own CPU time, a lower bound of what it takes from the CPU lanes, already exceeds
-/// what it may cost them.
-fn unmeasured<V: View + ?Sized>(v: &V, e: usize, mine: Cost, gain: f64, steal: f64) -> Verdict {
-    if !v.uses_host_cpu(e) && steal * mine.cpu >= gain * MIX_MARGIN {
         Verdict::NotWorth
-    } else {
-        Verdict::Unmeasured
     }
 }
 
@@ -979,9 +952,6 @@ mod tests {
         }
         fn slowdown(&self, e: usize, q: usize) -> Option<f64> {
             self.interference[e].slowdown_in(q)
-        }
-        fn slowdown_measured(&self, e: usize, q: usize) -> bool {
-            self.interference[e].measured_in(q)
         }
     }
 
@@ -1427,45 +1397,6 @@ mod tests {
         );
         sim.est[1][0] = estimate(MIN_SAMPLES);
         assert_eq!(decide(&sim, 1), Decision::Probe(0), "a young estimate kept");
-    }
-
-    /// The two-vCPU testbed at 16 KiB: two CPU lanes and a module, about as fast alone,
-    /// on two cores, and mixing them pays (the module's requests are slowed by a
-    /// quarter beside the CPU lanes). If the only slowdown the model has for the module
-    /// is a pessimistic one from other classes (in the testbed, its 1-4 KiB requests
-    /// beside the CPU lanes), the CPU runs a few trial jobs of this class, which
-    /// measure its own slowdown, and then joins.
-    #[test]
-    fn a_class_judged_on_other_classes_slowdowns_is_tried_and_then_mixed() {
-        let cpu = software(2, 1e-6, LARGE as f64 / 4.4e-3);
-        let mut module = module(1, 0.4e-3, LARGE as f64 / 1.3e-3, 0.1e-3, 0.1e-3);
-        module.slowed = 0.25;
-        let mut sim = Sim::new(vec![cpu, module], 2, &[LARGE]);
-        for _ in 0..3 {
-            sim.run(&[400]);
-        }
-        // What smaller requests taught: beside the CPU lanes, a module job takes 4x its
-        // time alone. This class's own slowdown is not measured yet.
-        let mut pessimistic = Estimate::default();
-        for _ in 0..MIN_SAMPLES {
-            pessimistic.observe_ratio(4.0, INTERFERENCE_WINDOW);
-        }
-        let (alone, _, _) = sim.interference[1].snapshot();
-        sim.interference[1] = Interference::new(alone, vec![Estimate::default()], pessimistic);
-        assert!(!sim.interference[1].measured_in(0));
-        let module_alone = 400.0 * module.wall(LARGE);
-        let batches: Vec<Outcome> = (0..3).map(|_| sim.run(&[400])).collect();
-        assert!(
-            batches[0].makespan <= module_alone * 1.05,
-            "the trials cost more than they may: {:?} vs {module_alone}",
-            batches[0]
-        );
-        assert!(sim.interference[1].measured_in(0), "the trials measured nothing");
-        let last = &batches[2];
-        assert!(
-            last.jobs[0][0] > 40 && last.makespan < module_alone * 0.9,
-            "the CPU did not join: {last:?} vs module alone {module_alone}"
-        );
     }
 
     /// Where the module is faster than the CPU at every size, the CPU still helps with
