@@ -186,8 +186,8 @@ pub fn markdown(report: &BenchReport, chart: Option<&str>) -> String {
         "\n## Table D: speed-up against the best single engine, paired run by run\n\n\
          Each run of a policy is compared with the best single engine's run of the same \
          round (each policy runs once per round, in a shuffled order, so each pair saw \
-         nearly the same machine state): median of those ratios [its {:.0}% confidence interval, from order \
-         statistics]. \"loss\" marks an interval wholly below {LOSS_BELOW}x: slower than \
+         nearly the same machine state): median of those ratios [its {:.0}% confidence \
+         interval, from order statistics]. \"loss\" marks an interval wholly below {LOSS_BELOW}x: slower than \
          the best single engine beyond measurement noise.\n\n",
         confidence * 100.0
     ));

@@ -399,7 +399,7 @@ struct AdaptiveSchedule {
     /// The one engine this batch runs, when the plan left every other out and it can
     /// run every class: nothing is left to place (no other engine to wait for, probe
     /// beside or end the batch sooner), so its lanes take jobs without deciding and
-    /// time each run of pulls from one class as one pull ([`SoleRun`]).
+    /// time each run of pulls from one class in a few spans ([`SoleRun`]).
     sole: Option<usize>,
     /// Per lane, in a sole batch: its run in progress.
     runs: Vec<SoleRun>,
@@ -720,12 +720,14 @@ impl View for AdaptiveSchedule {
 }
 
 impl AdaptiveSchedule {
-    /// Whether some working CPU engine has not yet measured how much other engines'
-    /// jobs slow it, so module lanes must still read their CPU clock.
-    fn cpu_clock_needed(&self) -> bool {
-        (0..self.alive.len()).any(|e| {
-            self.host_cpu[e] && self.lanes(e) > 0 && self.interference[e].slowdown().is_none()
-        })
+    /// Whether lanes of `engine` read their thread's CPU clock: only a module's, and
+    /// only while the cost rule still relies on it (until some working CPU engine has
+    /// measured how much other engines' jobs slow it).
+    fn reads_cpu_clock(&self, engine: usize) -> bool {
+        !self.host_cpu[engine]
+            && (0..self.alive.len()).any(|e| {
+                self.host_cpu[e] && self.lanes(e) > 0 && self.interference[e].slowdown().is_none()
+            })
     }
 
     /// Whether another engine has a pull in progress, and how many pulls the other
@@ -1000,12 +1002,10 @@ impl AdaptiveSchedule {
                 let pulls = run.pulls.load(Ordering::Relaxed) + 1;
                 run.pulls.store(pulls, Ordering::Relaxed);
                 if pulls.is_multiple_of(run.span.load(Ordering::Relaxed)) {
-                    let module = !self.host_cpu[engine] && self.cpu_clock_needed();
-                    lock(&self.pulls[lane]).marks.push((
-                        Instant::now(),
-                        done,
-                        module.then(thread_cpu_time),
-                    ));
+                    let cpu = self.reads_cpu_clock(engine).then(thread_cpu_time);
+                    lock(&self.pulls[lane])
+                        .marks
+                        .push((Instant::now(), done, cpu));
                 }
                 return true;
             }
@@ -1017,7 +1017,7 @@ impl AdaptiveSchedule {
     /// with jobs left; false when none is left.
     fn sole_switch(&self, lane: usize, engine: usize, max: usize, out: &mut Vec<usize>) -> bool {
         let run = &self.runs[lane];
-        let module = !self.host_cpu[engine] && self.cpu_clock_needed();
+        let module = self.reads_cpu_clock(engine);
         let mut state = lock(&self.pulls[lane]);
         if let Some(first) = state.pull.take() {
             let (now, cpu_now) = (Instant::now(), module.then(thread_cpu_time));
@@ -1086,9 +1086,7 @@ impl Schedule for AdaptiveSchedule {
         if self.sole == Some(engine) {
             return self.sole_next(lane, engine, max, out);
         }
-        // A module lane reads its thread's CPU clock only while the cost rule still
-        // relies on it (until the CPU engines have measured how much it slows them).
-        let module = !self.host_cpu[engine] && self.cpu_clock_needed();
+        let module = self.reads_cpu_clock(engine);
         let mut state = lock(&self.pulls[lane]);
         let mut now = None;
         if std::mem::take(&mut state.untimed) {
