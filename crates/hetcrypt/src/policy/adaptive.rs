@@ -712,6 +712,10 @@ impl View for AdaptiveSchedule {
         self.interference[e].slowdown_in(self.classes[q].key)
     }
 
+    fn slowdown_measured(&self, e: usize, q: usize) -> bool {
+        self.interference[e].measured_in(self.classes[q].key)
+    }
+
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
         self.smaller[self.classes[q].key]
             .iter()
