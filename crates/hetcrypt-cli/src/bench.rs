@@ -196,7 +196,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                          would mix two machines, so the bench stops"
                     );
                 }
-                runs.entry(i).or_default().push(Run::new(batch.report));
+                runs.entry(i)
+                    .or_default()
+                    .push(Run::new(batch.report, policy.learned()));
                 bar.inc(1);
             }
         }

@@ -97,6 +97,31 @@ fn json_has_tables_for_every_size_and_policy() {
 }
 
 #[test]
+fn adaptive_runs_record_what_the_policy_learned() {
+    let out = run_ok(&tiny(&["--json", "--policies", "only:cpu,adaptive"]));
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for s in json["sizes"].as_array().unwrap() {
+        // The seeds' sizes are powers of two: each is the floor of its own class.
+        let size = s["size"].as_u64().unwrap();
+        for r in s["policies"].as_array().unwrap() {
+            let run = &r["runs"][0];
+            if r["policy"] == "only:cpu" {
+                assert!(run.get("learned").is_none(), "{run}");
+                continue;
+            }
+            let learned = run["learned"].as_array().expect("adaptive's record");
+            let class = learned
+                .iter()
+                .find(|e| e["engine"] == "cpu" && e["min_len"].as_u64() == Some(size))
+                .unwrap_or_else(|| panic!("no estimate for {size} B: {learned:?}"));
+            assert_eq!(class["cipher"], "aes-128-cbc-pkcs7");
+            assert_eq!(class["direction"], "encrypt");
+            assert!(class["samples"].as_u64().unwrap() >= 1, "{class}");
+        }
+    }
+}
+
+#[test]
 fn out_dir_gets_markdown_json_and_charts() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");

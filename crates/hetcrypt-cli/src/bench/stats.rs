@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hetcrypt::engine::EngineInfo;
+use hetcrypt::policy::adaptive::LearnedCost;
 use hetcrypt::{Cipher, Direction, Report};
 use serde::Serialize;
 
@@ -103,6 +104,11 @@ pub struct Run {
     pub wall_s: f64,
     /// The dispatcher's report.
     pub report: Report,
+    /// What the policy had learned once this run was over (`adaptive` only): per
+    /// engine and class, its cost estimates and measured slowdowns, so a run that
+    /// placed jobs oddly can be traced to the estimate behind it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned: Option<Vec<LearnedCost>>,
 }
 
 impl PolicyResult {
@@ -136,11 +142,12 @@ impl PolicyResult {
 }
 
 impl Run {
-    /// A run from its report.
-    pub fn new(report: Report) -> Self {
+    /// A run from its report, and what its policy had learned by its end.
+    pub fn new(report: Report, learned: Option<Vec<LearnedCost>>) -> Self {
         Run {
             wall_s: duration_s(report.wall),
             report,
+            learned,
         }
     }
 }

@@ -158,8 +158,9 @@ pub struct Adaptive {
     learned: Model,
 }
 
-/// One learned estimate, for display (`hetcrypt` prints what the policy learned).
-#[derive(Clone, Debug, PartialEq)]
+/// One learned estimate, for display (`hetcrypt bench` records what the policy learned
+/// after each of its runs in its JSON).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct LearnedCost {
     /// The engine.
     pub engine: String,
@@ -177,6 +178,15 @@ pub struct LearnedCost {
     pub alone: Option<Cost>,
     /// Samples seen.
     pub samples: u32,
+    /// The fraction of a lane's time lost while another engine's job runs beside it,
+    /// measured on this class, once usable (the cost rule trusts it alone from
+    /// [`model::MIX_EVIDENCE`] samples).
+    pub slowdown: Option<f64>,
+    /// Samples of that slowdown.
+    pub slowdown_samples: u32,
+    /// The same fraction measured across all classes (the engine's, repeated on each of
+    /// its classes): the stand-in for a class with too few samples of its own.
+    pub slowdown_across: Option<f64>,
 }
 
 impl Adaptive {
@@ -200,6 +210,12 @@ impl Adaptive {
                 cost: e.all.cost(),
                 alone: e.alone.cost(),
                 samples: e.all.samples(),
+                slowdown: e.ratio.cost().map(|c| model::lost_fraction(c.wall)),
+                slowdown_samples: e.ratio.samples(),
+                slowdown_across: known.engines[*engine]
+                    .interference
+                    .cost()
+                    .map(|c| model::lost_fraction(c.wall)),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -223,6 +239,10 @@ impl Policy for Adaptive {
         let mut schedule = AdaptiveSchedule::new(plan, Arc::clone(&self.learned));
         schedule.leave_out_idle_engines();
         Ok(Box::new(schedule))
+    }
+
+    fn learned(&self) -> Option<Vec<LearnedCost>> {
+        Some(Adaptive::learned(self))
     }
 }
 

@@ -121,6 +121,12 @@ pub trait Policy: Send + Sync {
 
     /// Prepares the schedule for one batch.
     fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>>;
+
+    /// What the policy has learned from the batches so far, for display and benchmark
+    /// records; `None` for a policy that learns nothing (all but `adaptive`).
+    fn learned(&self) -> Option<Vec<adaptive::LearnedCost>> {
+        None
+    }
 }
 
 /// A policy's state during one batch. Lanes call it concurrently.

@@ -86,7 +86,7 @@ pub fn bucket_floor(b: usize) -> usize {
 }
 
 /// Estimated cost of one job on one lane.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Cost {
     /// Wall time from taking the job to finishing it, in seconds.
     pub wall: f64,
@@ -467,7 +467,7 @@ impl Interference {
 }
 
 /// The fraction of time lost when a job takes `ratio` times its undisturbed time.
-fn lost_fraction(ratio: f64) -> f64 {
+pub fn lost_fraction(ratio: f64) -> f64 {
     if ratio > 1.0 {
         1.0 - 1.0 / ratio
     } else {
