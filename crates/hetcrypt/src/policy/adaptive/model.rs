@@ -562,12 +562,10 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
         return Verdict::HoldOff;
     };
     let mask = v.class_engines(q);
-    // Lane-seconds the others lose per second of this engine's work, whether all of
-    // them have measured it, and whether on this class itself (rather than across
-    // classes, the stand-in until a class is measured).
+    // Lane-seconds the others lose per second of this engine's work, and whether all
+    // of them have measured it.
     let mut slowdown = 0.0;
     let mut measured = true;
-    let mut on_class = v.slowdown_measured(e, q);
     // The lane time the job would take elsewhere, undisturbed.
     let mut gain = best_alone.wall;
     for o in (0..v.engines()).filter(|&o| o != e && mask.contains(o) && v.lanes(o) > 0) {
@@ -578,7 +576,6 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
             Some(s) => slowdown += v.lanes(o) as f64 * s,
             None => measured = false,
         }
-        on_class &= v.slowdown_measured(o, q);
     }
     let lost = if measured {
         // This engine's lanes together cause the measured slowdown; one job's share.
@@ -597,7 +594,12 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
     };
     if lost < gain * MIX_MARGIN {
         Verdict::Worth
-    } else if on_class {
+    } else if (0..v.engines())
+        .filter(|&o| o == e || (mask.contains(o) && v.lanes(o) > 0))
+        .all(|o| v.slowdown_measured(o, q))
+    {
+        // Measured on this class itself (not on the stand-in across classes), asked
+        // only here: the rule runs on every pull.
         Verdict::NotWorth
     } else {
         // A "no" that rests on other classes' slowdowns, which can be far from this
