@@ -36,7 +36,11 @@
 //! so every engine has an undisturbed cost to be compared by (beside a busy CPU lane on
 //! one core, a module request took 2-3x its own time, and a module judged by that never
 //! got the jobs it was best at), and one whose undisturbed cost came out inflated is
-//! corrected by its next re-measurement. While every lane of the
+//! corrected by its next re-measurement. A lane's first pulls after a wait are cold (a
+//! module's first requests after a pause are slower than the ones that follow): they
+//! teach its engine's running cost but not its undisturbed one, and a probe keeps the
+//! solo, pulling back to back, until it has warm samples (see
+//! [`model::WARM_UP_PULLS`]). While every lane of the
 //! other engines waits, a lane keeps taking from the class it last chose without
 //! deciding again until some event bumps the schedule's epoch.
 //!
@@ -259,6 +263,8 @@ fn thread_cpu_time() -> Duration {
 struct Pull {
     /// Model key of the jobs taken.
     key: usize,
+    /// The class they came from.
+    class: usize,
     /// How many.
     jobs: usize,
     /// When `next` returned them.
@@ -272,6 +278,9 @@ struct Pull {
     others_started: u64,
     /// Whether this was a solo probe: the lane holds the schedule's solo until booked.
     solo: bool,
+    /// Whether it was one of the lane's first pulls after a wait (or its start): such
+    /// a pull is not a sample of the engine undisturbed (see [`model::WARM_UP_PULLS`]).
+    cold: bool,
     /// Whether the lane took as many jobs as it asked for: a batching engine's partial
     /// pull (the last jobs of a class) costs more per job than its usual one, so it
     /// only teaches an estimate that has nothing better yet.
@@ -323,6 +332,9 @@ struct LaneState {
     /// The pull in progress is an untimed streak pull, counted busy until the lane's
     /// next call.
     untimed: bool,
+    /// Pulls the lane has taken since it last waited (or started): the first
+    /// [`model::WARM_UP_PULLS`] of them are cold.
+    warm: usize,
     /// In a sole batch, where the lane's run of pulls (its pull in progress) has been
     /// cut into spans so far: when, how many of the run's jobs were done by then, and
     /// the thread's CPU clock (module lanes).
@@ -825,20 +837,64 @@ impl AdaptiveSchedule {
     fn book(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
         self.record(engine, pull, now, cpu_now);
         self.unbusy(engine);
-        let released = pull.solo
-            && self.solo_pulls[engine].fetch_sub(1, Ordering::AcqRel) == 1
+        if pull.solo {
+            self.release_solo(engine);
+        }
+    }
+
+    /// Ends one solo pull of `engine`; with its last, the solo: the others may go on.
+    fn release_solo(&self, engine: usize) {
+        // Saturating: a failed engine's count was reset to zero under its lanes.
+        let before = self.solo_pulls[engine]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if before == 1
             && self
                 .solo
                 .compare_exchange(engine, NO_SOLO, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
-        if released {
-            // The solo's probes are booked: the others may go on.
+                .is_ok()
+        {
             self.notify();
         }
     }
 
+    /// Whether a lane's solo probe of class `q`, `warm` pulls after the lane's last
+    /// wait, takes another pull before the others may go on: until it has had its cold
+    /// pulls ([`model::WARM_UP_PULLS`]) and then a warm one, or, while the engine has no
+    /// undisturbed estimate of the class yet, the [`model::MIN_SAMPLES`] warm ones an
+    /// estimate needs.
+    fn solo_run_goes_on(&self, engine: usize, q: usize, warm: usize) -> bool {
+        let samples = if self.alone(engine, q).is_some() {
+            1
+        } else {
+            model::MIN_SAMPLES as usize
+        };
+        warm < model::WARM_UP_PULLS + samples
+            && self.lanes(engine) > 0
+            && self.solo.load(Ordering::Acquire) == engine
+            && self.remaining(q) >= model::PROBE_MIN_REMAINING_PER_LANE * self.total_lanes()
+    }
+
+    /// Takes the next pull of a solo probe run of class `q`, counted as a probe while
+    /// the engine has no estimate of the class.
+    fn take_probe(&self, engine: usize, q: usize, max: usize, out: &mut Vec<usize>) -> bool {
+        if self.cost(engine, q).is_none() {
+            self.probes[self.engine_class(engine, q)].fetch_add(1, Ordering::Relaxed);
+        }
+        self.take(q, max, out)
+    }
+
+    /// Lanes still working in this batch, over all engines.
+    fn total_lanes(&self) -> usize {
+        (0..self.alive.len()).map(|e| self.lanes(e)).sum()
+    }
+
     /// Counts a pull of `engine` as ended; if it was the engine's last in progress while
-    /// a lane waits to measure alone, wakes it.
+    /// another engine's lane waits to measure alone, wakes it. (The solo holder's own
+    /// pulls ending help no waiter: on one core, waking the others after each pull of
+    /// a probe took the core from the probe for nothing.)
     fn unbusy(&self, engine: usize) {
         // Saturating: a failed engine's count was reset to zero under its lanes.
         let before = self.busy[engine]
@@ -846,7 +902,8 @@ impl AdaptiveSchedule {
                 Some(n.saturating_sub(1))
             })
             .unwrap_or(0);
-        if before == 1 && self.solo.load(Ordering::Acquire) != NO_SOLO {
+        let holder = self.solo.load(Ordering::Acquire);
+        if before == 1 && holder != NO_SOLO && holder != engine {
             self.notify();
         }
     }
@@ -867,7 +924,12 @@ impl AdaptiveSchedule {
         let mut usable = self.estimates[k].observe(wall, cpu);
         let (beside_now, others_started) = self.others(engine);
         let overlapped = pull.beside_others || beside_now || others_started != pull.others_started;
-        usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
+        // A cold pull says what a pause costs, not what a job does (see
+        // [`model::REMEASURE_PULLS`]): it would inflate an undisturbed cost, or a
+        // slowdown measured against one.
+        if !pull.cold {
+            usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
+        }
         if usable {
             self.notify();
         }
@@ -1088,12 +1150,15 @@ impl AdaptiveSchedule {
             let (beside_others, others_started) = self.others(engine);
             state.pull = Some(Pull {
                 key: class.key,
+                class: q,
                 jobs: n,
                 since: Instant::now(),
                 cpu_since: module.then(thread_cpu_time),
                 beside_others,
                 others_started,
                 solo: false,
+                // A run's first pull may be cold, but it is one of a span's dozens.
+                cold: false,
                 full: n >= max,
             });
             return true;
@@ -1118,14 +1183,49 @@ impl Schedule for AdaptiveSchedule {
         }
         if let Some(previous) = state.pull.take() {
             let at = Instant::now();
-            now = Some((at, module.then(thread_cpu_time)));
-            self.book(engine, previous, at, now.and_then(|n| n.1));
+            let cpu_at = module.then(thread_cpu_time);
+            now = Some((at, cpu_at));
+            // A solo probe's run goes on under the same solo: counted before booking,
+            // so the solo is not released in between and the others keep waiting.
+            let go_on = previous.solo && self.solo_run_goes_on(engine, previous.class, state.warm);
+            if go_on {
+                self.solo_pulls[engine].fetch_add(1, Ordering::AcqRel);
+            }
+            self.book(engine, previous, at, cpu_at);
+            if go_on {
+                let before = out.len();
+                if self.take_probe(engine, previous.class, max, out) {
+                    let cold = state.warm < model::WARM_UP_PULLS;
+                    state.warm += 1;
+                    self.busy[engine].fetch_add(1, Ordering::AcqRel);
+                    self.starts[engine].fetch_add(1, Ordering::AcqRel);
+                    let jobs = out.len() - before;
+                    let (beside_others, others_started) = self.others(engine);
+                    state.pull = Some(Pull {
+                        jobs,
+                        since: at,
+                        cpu_since: cpu_at,
+                        beside_others,
+                        others_started,
+                        cold,
+                        full: jobs >= max,
+                        ..previous
+                    });
+                    return true;
+                }
+                self.release_solo(engine);
+            }
         }
         let before = out.len();
         let mut taken = Taken::default();
         let Some(q) = self.choose(engine, max, out, &mut state.streak, &mut taken) else {
             return false;
         };
+        if taken.waited {
+            state.warm = 0;
+        }
+        let cold = state.warm < model::WARM_UP_PULLS;
+        state.warm = state.warm.saturating_add(1);
         if taken.streak {
             state.streak_pulls = state.streak_pulls.wrapping_add(1);
             if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
@@ -1155,12 +1255,14 @@ impl Schedule for AdaptiveSchedule {
         let jobs = out.len() - before;
         state.pull = Some(Pull {
             key: self.classes[q].key,
+            class: q,
             jobs,
             since,
             cpu_since,
             beside_others,
             others_started,
             solo,
+            cold,
             full: jobs >= max,
         });
         true

@@ -129,8 +129,26 @@ pub const MIN_SAMPLES: u32 = 2;
 
 /// Probe jobs an engine may start on a class it has no estimate for (one more than
 /// [`MIN_SAMPLES`], so a lane whose first probe is slow still gets its second sample
-/// while another lane of the engine holds the third).
+/// while another lane of the engine holds the third). A lane's probe goes on under its
+/// solo past its cold pulls ([`WARM_UP_PULLS`]) until the undisturbed estimate has its
+/// [`MIN_SAMPLES`] too.
 pub const PROBES: usize = 3;
+
+/// A lane's first pulls after a wait (or its start) are *cold*: booked to the engine's
+/// running cost, but not to its undisturbed one, nor to a slowdown measured against
+/// it. A request after a pause is slower than one after another: on the soft
+/// testbed's module, after pauses of 5-100 ms, the median first 4 KiB request took
+/// 1.7-2x the ~0.6-0.7 ms of the steady ones that followed back to back, the second
+/// 1.15-1.35x, the third 1.0-1.15x (two runs of 25 rounds each, `examples/latency.rs`).
+/// Measured by single pulls after the others drained, the module's undisturbed 4 KiB
+/// cost came out at 0.80-1.07 ms against 0.51-0.70 ms a job in its own `only:` runs
+/// in the same guest, so the CPU (0.74-0.83 ms) was judged the best single engine
+/// and the batch ran 0.80x the module alone.
+pub const WARM_UP_PULLS: usize = 2;
+
+/// Pulls a re-measurement takes back to back while the other engines wait: its cold
+/// ones, then one warm sample.
+pub const REMEASURE_PULLS: usize = WARM_UP_PULLS + 1;
 
 /// Probing an unknown engine is allowed only while at least this many jobs per lane
 /// remain: a probe then overlaps other lanes' work instead of ending the batch late.
@@ -736,7 +754,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
             if verdict == Verdict::NotWorth
                 && v.may_reprobe(me, q)
                 && others_time + v.reprobe_credit(me)
-                    >= reprobe_ratio(v.samples(me, q)) * (c.wall + c.cpu)
+                    >= reprobe_ratio(v.samples(me, q)) * REMEASURE_PULLS as f64 * (c.wall + c.cpu)
             {
                 return Decision::Probe(q);
             }
@@ -1437,9 +1455,9 @@ mod tests {
         let module = sim.engines[1];
         let probe = module.wall(SMALL) + module.cpu(SMALL);
         let cpu_time = sim.engines[0].wall(SMALL);
-        // Small jobs enough for the CPU to need 100 probes' time: over the young bound
-        // (50 probes), under the settled one (200).
-        let jobs = (100.0 * probe / cpu_time) as usize;
+        // Small jobs enough for the CPU to need 100 re-measurements' time: over the
+        // young bound (50), under the settled one (200).
+        let jobs = (100.0 * REMEASURE_PULLS as f64 * probe / cpu_time) as usize;
         sim.classes[0].1 = jobs;
         sim.classes[1].1 = 0;
         sim.credit = vec![0.0; 2];
