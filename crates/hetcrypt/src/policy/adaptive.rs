@@ -924,10 +924,12 @@ impl AdaptiveSchedule {
         let mut usable = self.estimates[k].observe(wall, cpu);
         let (beside_now, others_started) = self.others(engine);
         let overlapped = pull.beside_others || beside_now || others_started != pull.others_started;
-        // A cold pull says what a pause costs, not what a job does (see
-        // [`model::REMEASURE_PULLS`]): it would inflate an undisturbed cost, or a
-        // slowdown measured against one.
-        if !pull.cold {
+        // A cold pull undisturbed says what a pause costs, not what a job does (see
+        // [`model::WARM_UP_PULLS`]). Overlapped, it still counts: the CPU lanes' first
+        // pulls of a batch are the ones that overlap the other engine's trial jobs, and
+        // without them the slowdown a class's trials are for was never measured (soft
+        // testbed, 16 KiB: trials every batch, the module never back).
+        if !pull.cold || overlapped {
             usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
         }
         if usable {
