@@ -341,6 +341,25 @@ struct LaneState {
     marks: Vec<(Instant, usize, Option<Duration>)>,
 }
 
+impl LaneState {
+    /// Counts the pull the lane is taking; whether it is one of its cold ones.
+    fn next_is_cold(&mut self) -> bool {
+        let cold = self.warm < model::WARM_UP_PULLS;
+        self.warm = self.warm.saturating_add(1);
+        cold
+    }
+}
+
+/// Decrements a per-engine count, saturating (a failed engine's counts were reset to
+/// zero under its lanes); returns the value before.
+fn count_down(count: &AtomicUsize) -> usize {
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            Some(n.saturating_sub(1))
+        })
+        .unwrap_or(0)
+}
+
 /// How the jobs of one pull were chosen.
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
@@ -844,12 +863,7 @@ impl AdaptiveSchedule {
 
     /// Ends one solo pull of `engine`; with its last, the solo: the others may go on.
     fn release_solo(&self, engine: usize) {
-        // Saturating: a failed engine's count was reset to zero under its lanes.
-        let before = self.solo_pulls[engine]
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_sub(1))
-            })
-            .unwrap_or(0);
+        let before = count_down(&self.solo_pulls[engine]);
         if before == 1
             && self
                 .solo
@@ -886,6 +900,12 @@ impl AdaptiveSchedule {
         self.take(q, max, out)
     }
 
+    /// Counts a pull of `engine` as started: busy until booked.
+    fn start_pull(&self, engine: usize) {
+        self.busy[engine].fetch_add(1, Ordering::AcqRel);
+        self.starts[engine].fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Lanes still working in this batch, over all engines.
     fn total_lanes(&self) -> usize {
         (0..self.alive.len()).map(|e| self.lanes(e)).sum()
@@ -896,12 +916,7 @@ impl AdaptiveSchedule {
     /// pulls ending help no waiter: on one core, waking the others after each pull of
     /// a probe took the core from the probe for nothing.)
     fn unbusy(&self, engine: usize) {
-        // Saturating: a failed engine's count was reset to zero under its lanes.
-        let before = self.busy[engine]
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_sub(1))
-            })
-            .unwrap_or(0);
+        let before = count_down(&self.busy[engine]);
         let holder = self.solo.load(Ordering::Acquire);
         if before == 1 && holder != NO_SOLO && holder != engine {
             self.notify();
@@ -1147,8 +1162,7 @@ impl AdaptiveSchedule {
             run.class.store(q, Ordering::Relaxed);
             run.jobs.store(n, Ordering::Relaxed);
             run.pulls.store(1, Ordering::Relaxed);
-            self.busy[engine].fetch_add(1, Ordering::AcqRel);
-            self.starts[engine].fetch_add(1, Ordering::AcqRel);
+            self.start_pull(engine);
             let (beside_others, others_started) = self.others(engine);
             state.pull = Some(Pull {
                 key: class.key,
@@ -1197,10 +1211,8 @@ impl Schedule for AdaptiveSchedule {
             if go_on {
                 let before = out.len();
                 if self.take_probe(engine, previous.class, max, out) {
-                    let cold = state.warm < model::WARM_UP_PULLS;
-                    state.warm += 1;
-                    self.busy[engine].fetch_add(1, Ordering::AcqRel);
-                    self.starts[engine].fetch_add(1, Ordering::AcqRel);
+                    let cold = state.next_is_cold();
+                    self.start_pull(engine);
                     let jobs = out.len() - before;
                     let (beside_others, others_started) = self.others(engine);
                     state.pull = Some(Pull {
@@ -1226,8 +1238,7 @@ impl Schedule for AdaptiveSchedule {
         if taken.waited {
             state.warm = 0;
         }
-        let cold = state.warm < model::WARM_UP_PULLS;
-        state.warm = state.warm.saturating_add(1);
+        let cold = state.next_is_cold();
         if taken.streak {
             state.streak_pulls = state.streak_pulls.wrapping_add(1);
             if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
@@ -1236,14 +1247,12 @@ impl Schedule for AdaptiveSchedule {
                 // overlap. (Uncounted, it overlapped solo probes unseen: on one core a
                 // 1 KiB module probe beside a CPU job looked 2x slower, and the module
                 // lost the size it was best at for several batches.)
-                self.busy[engine].fetch_add(1, Ordering::AcqRel);
-                self.starts[engine].fetch_add(1, Ordering::AcqRel);
+                self.start_pull(engine);
                 state.untimed = true;
                 return true;
             }
         }
-        self.busy[engine].fetch_add(1, Ordering::AcqRel);
-        self.starts[engine].fetch_add(1, Ordering::AcqRel);
+        self.start_pull(engine);
         // After a wait (or an untimed pull), the jobs start now, not when the lane asked.
         let (since, cpu_since) = match now {
             Some(n) if !taken.waited => n,
