@@ -5,14 +5,17 @@
 //! The engine under test wraps `cpu` (a test engine): its lane sleeps once, on a job
 //! chosen by the test, and runs every job as `cpu` does otherwise.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::tiny_jobs;
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::{Engine, EngineInfo, Lane};
 use hetcrypt::policy::Adaptive;
-use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyStore, Result};
+use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, KeyStore, Result};
 
 /// The stall: ~100,000 times a 16-byte job on the CPU, more than the whole batch.
 const STALL: Duration = Duration::from_millis(200);
@@ -88,18 +91,7 @@ fn one_stall_in_a_batch_left_to_one_engine_barely_moves_its_estimate() {
     };
     // The only engine: every batch is left to it.
     let d = Dispatcher::new(vec![Arc::new(engine)]).unwrap();
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    let jobs: Vec<Job> = (0..JOBS)
-        .map(|i| {
-            Job::new(
-                Cipher::AES_128_CBC,
-                Direction::Encrypt,
-                key,
-                [i as u8; 16],
-                vec![i as u8; 16],
-            )
-        })
-        .collect();
+    let jobs = tiny_jobs(&d, JOBS);
     let adaptive = Adaptive::new();
     for _ in 0..3 {
         let r = d.run(&jobs, &adaptive).unwrap();

@@ -7,13 +7,16 @@
 //! "module" that sleeps [`COLD`] on its first [`RAMP`] jobs after a pause and [`STEADY`]
 //! on the others, and a CPU-like engine that sleeps [`CPU_JOB`] on each.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::tiny_jobs;
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::{Engine, EngineInfo, Lane};
 use hetcrypt::policy::Adaptive;
-use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyStore, Result};
+use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, KeyStore, Result};
 
 /// The module's job once it runs back to back.
 const STEADY: Duration = Duration::from_millis(1);
@@ -122,18 +125,7 @@ fn a_module_is_measured_undisturbed_past_its_cold_requests() {
         }),
     ];
     let d = Dispatcher::new(engines).unwrap();
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    let jobs: Vec<Job> = (0..JOBS)
-        .map(|i| {
-            Job::new(
-                Cipher::AES_128_CBC,
-                Direction::Encrypt,
-                key,
-                [i as u8; 16],
-                vec![i as u8; 16],
-            )
-        })
-        .collect();
+    let jobs = tiny_jobs(&d, JOBS);
     let adaptive = Adaptive::new();
     let r = d.run(&jobs, &adaptive).unwrap();
     assert!(r.outputs.iter().all(|o| o.is_ok()));

@@ -5,10 +5,13 @@
 //! lane is opened on its thread when it first starts), one fails after a few jobs or
 //! cannot open a lane at all.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::tiny_jobs;
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
 use hetcrypt::engine::{Engine, EngineInfo, EngineRef, Lane};
@@ -240,22 +243,6 @@ fn until_left_out(d: &Dispatcher, jobs: &[Job], adaptive: &Adaptive, cpu: &str, 
         }
     }
     panic!("the slow engine was still started after {ROUNDS} batches");
-}
-
-/// `n` jobs of 16 bytes (AES-128-CBC encryption) under a fresh key.
-fn tiny_jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    (0..n)
-        .map(|i| {
-            Job::new(
-                Cipher::AES_128_CBC,
-                Direction::Encrypt,
-                key,
-                [i as u8; 16],
-                vec![i as u8; 16],
-            )
-        })
-        .collect()
 }
 
 /// A batch `adaptive` leaves to one engine (its lanes take jobs without deciding and

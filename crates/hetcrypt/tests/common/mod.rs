@@ -522,3 +522,19 @@ pub fn check_everywhere(suite: &str, cases: &[Case]) {
     }
     failures.assert_none(suite);
 }
+
+/// `n` jobs of 16 bytes (AES-128-CBC encryption) under a fresh key.
+pub fn tiny_jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    (0..n)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                key,
+                [i as u8; 16],
+                vec![i as u8; 16],
+            )
+        })
+        .collect()
+}
