@@ -271,9 +271,9 @@ struct Pull {
     since: Instant,
     /// The lane thread's CPU clock then (module lanes only).
     cpu_since: Option<Duration>,
-    /// Whether another engine's job was running then, and how many other engines'
-    /// pulls had started: a pull that no other engine's job overlapped at any moment is
-    /// an "alone" sample.
+    /// Whether another engine was at work then (see [`AdaptiveSchedule::others`]), and
+    /// how many other engines' pulls had started: a pull that no other engine's work
+    /// overlapped at any moment is an "alone" sample.
     beside_others: bool,
     others_started: u64,
     /// Whether this was a solo probe: the lane holds the schedule's solo until booked.
@@ -785,16 +785,27 @@ impl AdaptiveSchedule {
             })
     }
 
-    /// Whether another engine has a pull in progress, and how many pulls the other
-    /// engines have started.
-    fn others(&self, engine: usize) -> (bool, u64) {
-        let mut busy = false;
+    /// Whether another engine is at work beside a pull of `engine` now, and how many
+    /// pulls the other engines have started. At work: a pull in progress, or, unless
+    /// the pull is a solo probe's (the others are held then), a lane that is neither
+    /// waiting nor done, i.e. between two pulls. A pull that merely fits between the
+    /// others' pulls is not one alone: those gaps favour the shortest pulls, and booked
+    /// as undisturbed samples they set the undisturbed cost low while the longest ones
+    /// went to the overlapped side; every slowdown measured against the two came out
+    /// high. (Two-vCPU testbed, 16 KiB: the module's undisturbed cost came out at
+    /// 0.89-0.95 ms against 1.0-1.5 ms a job in its `only:` runs, its slowdown beside
+    /// the CPU at 0.39-0.54 against ~0.31 under `pull`, and the CPU, worth 1.18x there,
+    /// was judged not worth mixing in. Counted this way, the next run measured
+    /// 0.99-1.09 ms and 0.33-0.37.)
+    fn others(&self, engine: usize, solo: bool) -> (bool, u64) {
+        let mut beside = false;
         let mut started = 0u64;
         for e in (0..self.busy.len()).filter(|&e| e != engine) {
-            busy |= self.busy[e].load(Ordering::Acquire) > 0;
+            beside |= self.busy[e].load(Ordering::Acquire) > 0
+                || (!solo && self.idle[e].load(Ordering::Acquire) < self.lanes(e));
             started = started.wrapping_add(self.starts[e].load(Ordering::Acquire));
         }
-        (busy, started)
+        (beside, started)
     }
 
     /// Whether a probe of class `q` by `engine` must run alone: another working engine
@@ -937,7 +948,7 @@ impl AdaptiveSchedule {
             _ => wall,
         };
         let mut usable = self.estimates[k].observe(wall, cpu);
-        let (beside_now, others_started) = self.others(engine);
+        let (beside_now, others_started) = self.others(engine, pull.solo);
         let overlapped = pull.beside_others || beside_now || others_started != pull.others_started;
         // A cold pull undisturbed says what a pause costs, not what a job does (see
         // [`model::WARM_UP_PULLS`]). Overlapped, it still counts: the CPU lanes' first
@@ -945,7 +956,8 @@ impl AdaptiveSchedule {
         // without them the slowdown a class's trials are for was never measured (soft
         // testbed, 16 KiB: trials every batch, the module never back).
         if !pull.cold || overlapped {
-            usable |= self.interference[engine].record(pull.key, wall, cpu, overlapped);
+            let jobs = u32::try_from(pull.jobs).unwrap_or(u32::MAX);
+            usable |= self.interference[engine].record(pull.key, wall, cpu, jobs, overlapped);
         }
         if usable {
             self.notify();
@@ -1163,7 +1175,7 @@ impl AdaptiveSchedule {
             run.jobs.store(n, Ordering::Relaxed);
             run.pulls.store(1, Ordering::Relaxed);
             self.start_pull(engine);
-            let (beside_others, others_started) = self.others(engine);
+            let (beside_others, others_started) = self.others(engine, false);
             state.pull = Some(Pull {
                 key: class.key,
                 class: q,
@@ -1214,7 +1226,7 @@ impl Schedule for AdaptiveSchedule {
                     let cold = state.next_is_cold();
                     self.start_pull(engine);
                     let jobs = out.len() - before;
-                    let (beside_others, others_started) = self.others(engine);
+                    let (beside_others, others_started) = self.others(engine, true);
                     state.pull = Some(Pull {
                         jobs,
                         since: at,
@@ -1262,7 +1274,7 @@ impl Schedule for AdaptiveSchedule {
         if solo {
             self.solo_pulls[engine].fetch_add(1, Ordering::AcqRel);
         }
-        let (beside_others, others_started) = self.others(engine);
+        let (beside_others, others_started) = self.others(engine, solo);
         let jobs = out.len() - before;
         state.pull = Some(Pull {
             key: self.classes[q].key,
