@@ -471,7 +471,7 @@ impl Interference {
         // looked free (the batches ran 0.62x the CPU alone).
         // (The estimate is usable already, so this never makes it so.)
         if alone.cost().is_some_and(|a| wall * FAST_DOWN < a.wall) {
-            alone.observe_jobs(wall, cpu, INTERFERENCE_WINDOW, 1);
+            alone.observe_over(wall, cpu, INTERFERENCE_WINDOW);
         }
         match alone.cost() {
             Some(a) if a.wall > 0.0 => {
@@ -660,10 +660,14 @@ fn cost_verdict<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> Verd
         // 2-2.7 ms a job for three batches where the CPU's help was worth 1.5x, and the
         // CPU stayed out).
         let beside = match (v.alone(e, q), v.slowdown(e, q)) {
-            (Some(alone), Some(own)) if own < 1.0 && v.slowdown_measured(e, q) => {
-                alone.wall / (1.0 - own)
+            (Some(alone), Some(own)) if own < 1.0 => {
+                let from_alone = alone.wall / (1.0 - own);
+                if v.slowdown_measured(e, q) {
+                    from_alone
+                } else {
+                    mine.wall.max(from_alone)
+                }
             }
-            (Some(alone), Some(own)) if own < 1.0 => mine.wall.max(alone.wall / (1.0 - own)),
             _ => mine.wall,
         };
         slowdown * beside / v.lanes(e).max(1) as f64
