@@ -48,6 +48,11 @@
 //! place: that engine's lanes take each class in turn with one atomic add per pull, and
 //! time their run of pulls from one class in a few spans, booked as samples when the
 //! run ends, so a batch the rule gives to the CPU costs about what `only:cpu` does.
+//!
+//! **Measured mixes.** Every timed pull also adds its jobs and lane time to a tally per
+//! engine and class for the batch, overlapped or alone; when the batch ends, the tallies
+//! give each engine's measured gain from running a class beside the others
+//! ([`model::measured_gain`]), kept with the estimates for the next batches.
 
 pub mod model;
 
@@ -56,7 +61,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use self::model::{decide, Cost, Decision, Estimate, Interference, SharedEstimate, View};
+use self::model::{
+    decide, measured_gain, Cost, Decision, Estimate, Gain, Interference, SharedEstimate,
+    SharedTally, Tally, View,
+};
 use super::queue::{live_engines, JobList, ListBuilder};
 use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
 use crate::cipher::{Cipher, Direction};
@@ -101,6 +109,8 @@ struct Learned {
     alone: Estimate,
     /// Overlapped pulls' wall time over the alone one.
     ratio: Estimate,
+    /// What the engine's running the class beside the others gained, measured per batch.
+    gain: Gain,
 }
 
 /// What an [`Adaptive`] value and its schedules learn: per engine and class, and per
@@ -114,15 +124,17 @@ struct Knowledge {
 }
 
 /// An engine the model has seen: name and lane count (a lane's cost depends on how many
-/// lanes share the host), how much its lanes slow down beside other engines' jobs, and
-/// its re-measurement credit (seconds of batches since it last re-measured a class it
-/// declines; see [`model::REPROBE_RATIO`]).
+/// lanes share the host), how much its lanes slow down beside other engines' jobs, its
+/// re-measurement credit (seconds of batches since it last re-measured a class it
+/// declines; see [`model::REPROBE_RATIO`]) and its check credit (the same since it last
+/// checked a mix it is declined on; see [`model::CHECK_RATIO`]).
 #[derive(Debug)]
 struct KnownEngine {
     name: String,
     lanes: usize,
     interference: Estimate,
     credit: f64,
+    check_credit: f64,
 }
 
 impl Knowledge {
@@ -140,6 +152,7 @@ impl Knowledge {
                     lanes,
                     interference: Estimate::default(),
                     credit: 0.0,
+                    check_credit: 0.0,
                 });
                 self.engines.len() - 1
             }
@@ -191,6 +204,12 @@ pub struct LearnedCost {
     /// The same fraction measured across all classes (the engine's, repeated on each of
     /// its classes): the stand-in for a class with too few samples of its own.
     pub slowdown_across: Option<f64>,
+    /// The throughput the engine's running this class beside the others gave over theirs
+    /// alone, averaged over the batches that measured it less one standard error, once
+    /// it decides (from [`model::GAIN_SAMPLES`] batches; see [`model::Gain::value`]).
+    pub mix_gain: Option<f64>,
+    /// Batches that measured that gain.
+    pub mix_gain_samples: u32,
 }
 
 impl Adaptive {
@@ -220,6 +239,8 @@ impl Adaptive {
                     .interference
                     .cost()
                     .map(|c| model::lost_fraction(c.wall)),
+                mix_gain: e.gain.value(),
+                mix_gain_samples: e.gain.samples(),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -400,10 +421,16 @@ struct AdaptiveSchedule {
     smaller: Vec<Vec<usize>>,
     /// Per engine and key (`engine * keys.len() + key`): every pull.
     estimates: Vec<SharedEstimate>,
+    /// Per engine and key: the mix gains measured in earlier batches, and what this
+    /// batch's pulls add up to (see [`model::measured_gain`]).
+    gains: Vec<Gain>,
+    tallies: Vec<SharedTally>,
     /// Per engine: what its lanes measure of other engines' jobs beside theirs.
     interference: Vec<Interference>,
     /// Per engine: lanes with a pull in progress, and pulls started so far.
     busy: Vec<AtomicUsize>,
+    /// Per engine: the jobs its lanes last asked for in one pull (1 until asked).
+    widths: Vec<AtomicUsize>,
     starts: Vec<AtomicU64>,
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
@@ -416,6 +443,9 @@ struct AdaptiveSchedule {
     /// re-measured a class in this batch (which spends the credit).
     credit: Vec<f64>,
     reprobed: Vec<AtomicBool>,
+    /// Per engine: the same for checks of a mix it is declined on.
+    check_credit: Vec<f64>,
+    checked: Vec<AtomicBool>,
     /// When the batch was planned: the batch's time adds to the credit of every
     /// engine that did not re-measure.
     planned: Instant,
@@ -532,7 +562,7 @@ impl AdaptiveSchedule {
         for l in plan.lanes {
             lanes[l.engine] += 1;
         }
-        let (ids, estimates, interference, credit) = {
+        let (ids, estimates, gains, interference, credits) = {
             let mut known = lock(&learned);
             let ids: Vec<usize> = plan
                 .engines
@@ -540,6 +570,7 @@ impl AdaptiveSchedule {
                 .map(|e| known.engine(&e.name, e.lanes))
                 .collect();
             let mut estimates = Vec::with_capacity(ids.len() * keys.len());
+            let mut gains = Vec::with_capacity(ids.len() * keys.len());
             let mut interference = Vec::with_capacity(ids.len());
             for &id in &ids {
                 let stored: Vec<Learned> = keys
@@ -548,14 +579,18 @@ impl AdaptiveSchedule {
                     .map(Option::unwrap_or_default)
                     .collect();
                 estimates.extend(stored.iter().map(|l| SharedEstimate::new(l.all)));
+                gains.extend(stored.iter().map(|l| l.gain));
                 interference.push(Interference::new(
                     stored.iter().map(|l| l.alone).collect(),
                     stored.iter().map(|l| l.ratio).collect(),
                     known.engines[id].interference,
                 ));
             }
-            let credit = ids.iter().map(|&id| known.engines[id].credit).collect();
-            (ids, estimates, interference, credit)
+            let credits: Vec<(f64, f64)> = ids
+                .iter()
+                .map(|&id| (known.engines[id].credit, known.engines[id].check_credit))
+                .collect();
+            (ids, estimates, gains, interference, credits)
         };
         let smaller = keys
             .iter()
@@ -575,7 +610,13 @@ impl AdaptiveSchedule {
                 .map(|_| AtomicBool::new(true))
                 .collect(),
             reprobed: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
-            credit,
+            credit: credits.iter().map(|c| c.0).collect(),
+            check_credit: credits.iter().map(|c| c.1).collect(),
+            checked: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
+            tallies: (0..estimates.len())
+                .map(|_| SharedTally::default())
+                .collect(),
+            gains,
             planned: Instant::now(),
             classes,
             keys,
@@ -583,6 +624,7 @@ impl AdaptiveSchedule {
             estimates,
             interference,
             busy: (0..n_engines).map(|_| AtomicUsize::new(0)).collect(),
+            widths: (0..n_engines).map(|_| AtomicUsize::new(1)).collect(),
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             ids,
             host_cpu: plan.engines.iter().map(|e| e.uses_host_cpu).collect(),
@@ -765,6 +807,26 @@ impl View for AdaptiveSchedule {
 
     fn slowdown_measured(&self, e: usize, q: usize) -> bool {
         self.interference[e].measured_in(self.classes[q].key)
+    }
+
+    fn gain(&self, e: usize, q: usize) -> Option<f64> {
+        self.gains[e * self.keys.len() + self.classes[q].key].value()
+    }
+
+    fn check_credit(&self, e: usize) -> f64 {
+        if self.checked[e].load(Ordering::Relaxed) {
+            0.0
+        } else {
+            self.check_credit[e]
+        }
+    }
+
+    fn alone_jobs(&self, e: usize, q: usize) -> u64 {
+        self.tallies[e * self.keys.len() + self.classes[q].key].alone_jobs()
+    }
+
+    fn width(&self, e: usize) -> usize {
+        self.widths[e].load(Ordering::Relaxed)
     }
 
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
@@ -959,6 +1021,14 @@ impl AdaptiveSchedule {
             let jobs = u32::try_from(pull.jobs).unwrap_or(u32::MAX);
             usable |= self.interference[engine].record(pull.key, wall, cpu, jobs, overlapped);
         }
+        // A measured gain compares the engines side by side with them alone, so only
+        // warm pulls wholly one or the other count: a pull that overlapped the others
+        // only at its start or end, booked as beside them, made a short mix look nearly
+        // free.
+        let wholly_beside = pull.beside_others && beside_now;
+        if !pull.cold && (wholly_beside || !overlapped) {
+            self.tallies[k].add(pull.jobs as u64, wall * n, overlapped);
+        }
         if usable {
             self.notify();
         }
@@ -1047,9 +1117,12 @@ impl AdaptiveSchedule {
                         return Some(q);
                     }
                 }
-                Decision::Trial(q) => {
+                Decision::Trial(q) | Decision::Check(q) => {
                     let slot = self.engine_class(engine, q);
                     self.trials[slot].fetch_add(1, Ordering::Relaxed);
+                    if decision == Decision::Check(q) {
+                        self.checked[engine].store(true, Ordering::Relaxed);
+                    }
                     if self.take(q, max, out) {
                         return Some(q);
                     }
@@ -1204,6 +1277,9 @@ impl Schedule for AdaptiveSchedule {
             return self.sole_next(lane, engine, max, out);
         }
         let module = self.reads_cpu_clock(engine);
+        if self.widths[engine].load(Ordering::Relaxed) != max {
+            self.widths[engine].store(max, Ordering::Relaxed);
+        }
         let mut state = lock(&self.pulls[lane]);
         let mut now = None;
         if std::mem::take(&mut state.untimed) {
@@ -1253,7 +1329,12 @@ impl Schedule for AdaptiveSchedule {
         let cold = state.next_is_cold();
         if taken.streak {
             state.streak_pulls = state.streak_pulls.wrapping_add(1);
-            if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
+            // Every pull is timed until the batch has measured the engine alone on the
+            // class (see `model::GAIN_LOCAL_ALONE`): a mixing engine leaves it the
+            // class's last jobs for that, and those run on a streak.
+            if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE)
+                && self.alone_jobs(engine, q) >= model::GAIN_LOCAL_ALONE
+            {
                 // Untimed, but still counted busy and started: a lane that wakes to
                 // measure alone waits for it to end, and one measuring already sees it
                 // overlap. (Uncounted, it overlapped solo probes unseen: on one core a
@@ -1326,17 +1407,43 @@ impl Schedule for AdaptiveSchedule {
     }
 }
 
+impl AdaptiveSchedule {
+    /// Per engine and key, the mix gain this batch measured (see
+    /// [`model::measured_gain`]), for every engine that ran the key beside another.
+    fn measured_gains(&self, known: &Knowledge) -> Vec<Option<f64>> {
+        let n_keys = self.keys.len();
+        let lanes: Vec<usize> = self.ids.iter().map(|&id| known.engines[id].lanes).collect();
+        let mut out = vec![None; self.estimates.len()];
+        for k in 0..n_keys {
+            let tallies: Vec<Tally> = (0..self.ids.len())
+                .map(|e| self.tallies[e * n_keys + k].get())
+                .collect();
+            let alone: Vec<Option<Cost>> = self.interference.iter().map(|i| i.alone(k)).collect();
+            for e in 0..self.ids.len() {
+                out[e * n_keys + k] = measured_gain(e, &tallies, &lanes, &alone);
+            }
+        }
+        out
+    }
+}
+
 impl Drop for AdaptiveSchedule {
     /// Keeps what this batch learned for the next one.
     fn drop(&mut self) {
         let ran = self.planned.elapsed().as_secs_f64();
         let mut known = lock(&self.learned);
+        let gains = self.measured_gains(&known);
         for (e, &id) in self.ids.iter().enumerate() {
-            let credit = &mut known.engines[id].credit;
-            *credit = if *self.reprobed[e].get_mut() {
+            let engine = &mut known.engines[id];
+            engine.credit = if *self.reprobed[e].get_mut() {
                 0.0
             } else {
                 self.credit[e] + ran
+            };
+            engine.check_credit = if *self.checked[e].get_mut() {
+                0.0
+            } else {
+                self.check_credit[e] + ran
             };
             // Only an engine's own lanes book its estimates: one that started no pull
             // (left out of the batch) learned nothing new.
@@ -1345,10 +1452,16 @@ impl Drop for AdaptiveSchedule {
             }
             let (alone, ratios, ratio) = self.interference[e].snapshot();
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
+                let slot = e * self.keys.len() + k;
+                let mut gain = self.gains[slot];
+                if let Some(g) = gains[slot] {
+                    gain.observe(g);
+                }
                 let entry = Learned {
-                    all: self.estimates[e * self.keys.len() + k].get(),
+                    all: self.estimates[slot].get(),
                     alone: alone[k],
                     ratio: ratios[k],
+                    gain,
                 };
                 if entry.all.samples() > 0 {
                     known.costs.insert((id, cipher, direction, b), entry);
