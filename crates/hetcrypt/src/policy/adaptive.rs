@@ -381,6 +381,46 @@ fn count_down(count: &AtomicUsize) -> usize {
         .unwrap_or(0)
 }
 
+/// An engine's credit of time for one kind of re-measurement in a batch (see
+/// [`model::REPROBE_RATIO`] and [`model::CHECK_RATIO`]): the seconds its earlier
+/// batches ran since it last spent it, and whether a lane spent it in this batch.
+#[derive(Debug)]
+struct Credit {
+    carried: f64,
+    spent: AtomicBool,
+}
+
+impl Credit {
+    fn new(carried: f64) -> Self {
+        Credit {
+            carried,
+            spent: AtomicBool::new(false),
+        }
+    }
+
+    /// The credit a lane may spend now: none once spent in this batch.
+    fn available(&self) -> f64 {
+        if self.spent.load(Ordering::Relaxed) {
+            0.0
+        } else {
+            self.carried
+        }
+    }
+
+    fn spend(&self) {
+        self.spent.store(true, Ordering::Relaxed);
+    }
+
+    /// What the next batch starts from, after this one ran `ran` seconds.
+    fn carry(&mut self, ran: f64) -> f64 {
+        if *self.spent.get_mut() {
+            0.0
+        } else {
+            self.carried + ran
+        }
+    }
+}
+
 /// How the jobs of one pull were chosen.
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
@@ -439,13 +479,10 @@ struct AdaptiveSchedule {
     trials: Vec<AtomicUsize>,
     /// Per engine and class: whether the one re-measurement of this batch is unused.
     reprobe: Vec<AtomicBool>,
-    /// Per engine: its re-measurement credit when the batch was planned, and whether it
-    /// re-measured a class in this batch (which spends the credit).
-    credit: Vec<f64>,
-    reprobed: Vec<AtomicBool>,
-    /// Per engine: the same for checks of a mix it is declined on.
-    check_credit: Vec<f64>,
-    checked: Vec<AtomicBool>,
+    /// Per engine: its re-measurement credit (spent by re-measuring a class in this
+    /// batch), and its credit for checks of a mix it is declined on.
+    credit: Vec<Credit>,
+    check_credit: Vec<Credit>,
     /// When the batch was planned: the batch's time adds to the credit of every
     /// engine that did not re-measure.
     planned: Instant,
@@ -609,10 +646,8 @@ impl AdaptiveSchedule {
             reprobe: (0..per_engine_class)
                 .map(|_| AtomicBool::new(true))
                 .collect(),
-            reprobed: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
-            credit: credits.iter().map(|c| c.0).collect(),
-            check_credit: credits.iter().map(|c| c.1).collect(),
-            checked: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
+            credit: credits.iter().map(|c| Credit::new(c.0)).collect(),
+            check_credit: credits.iter().map(|c| Credit::new(c.1)).collect(),
             tallies: (0..estimates.len())
                 .map(|_| SharedTally::default())
                 .collect(),
@@ -682,8 +717,13 @@ impl AdaptiveSchedule {
         }
     }
 
+    /// Index of engine `engine` and model key `key` in the per engine and key vectors.
+    fn slot(&self, engine: usize, key: usize) -> usize {
+        engine * self.keys.len() + key
+    }
+
     fn estimate(&self, engine: usize, key: usize) -> &SharedEstimate {
-        &self.estimates[engine * self.keys.len() + key]
+        &self.estimates[self.slot(engine, key)]
     }
 
     fn engine_class(&self, engine: usize, class: usize) -> usize {
@@ -790,11 +830,7 @@ impl View for AdaptiveSchedule {
     }
 
     fn reprobe_credit(&self, e: usize) -> f64 {
-        if self.reprobed[e].load(Ordering::Relaxed) {
-            0.0
-        } else {
-            self.credit[e]
-        }
+        self.credit[e].available()
     }
 
     fn alone(&self, e: usize, q: usize) -> Option<Cost> {
@@ -810,19 +846,15 @@ impl View for AdaptiveSchedule {
     }
 
     fn gain(&self, e: usize, q: usize) -> Option<f64> {
-        self.gains[e * self.keys.len() + self.classes[q].key].value()
+        self.gains[self.slot(e, self.classes[q].key)].value()
     }
 
     fn check_credit(&self, e: usize) -> f64 {
-        if self.checked[e].load(Ordering::Relaxed) {
-            0.0
-        } else {
-            self.check_credit[e]
-        }
+        self.check_credit[e].available()
     }
 
     fn alone_jobs(&self, e: usize, q: usize) -> u64 {
-        self.tallies[e * self.keys.len() + self.classes[q].key].alone_jobs()
+        self.tallies[self.slot(e, self.classes[q].key)].alone_jobs()
     }
 
     fn width(&self, e: usize) -> usize {
@@ -999,7 +1031,7 @@ impl AdaptiveSchedule {
     /// Adds the lane's previous pull to the estimates (see [`AdaptiveSchedule::book`]);
     /// while its engine still counts it busy, so "alone" means alone.
     fn record(&self, engine: usize, pull: Pull, now: Instant, cpu_now: Option<Duration>) {
-        let k = engine * self.keys.len() + pull.key;
+        let k = self.slot(engine, pull.key);
         if !pull.full && self.estimates[k].cost().is_some() {
             return;
         }
@@ -1110,7 +1142,7 @@ impl AdaptiveSchedule {
                         // Another lane of this engine used the re-measurement first.
                         continue;
                     } else {
-                        self.reprobed[engine].store(true, Ordering::Relaxed);
+                        self.credit[engine].spend();
                     }
                     // A whole pull: a batching engine's cost per job depends on it.
                     if self.take(q, max, out) {
@@ -1121,7 +1153,7 @@ impl AdaptiveSchedule {
                     let slot = self.engine_class(engine, q);
                     self.trials[slot].fetch_add(1, Ordering::Relaxed);
                     if decision == Decision::Check(q) {
-                        self.checked[engine].store(true, Ordering::Relaxed);
+                        self.check_credit[engine].spend();
                     }
                     if self.take(q, max, out) {
                         return Some(q);
@@ -1277,8 +1309,9 @@ impl Schedule for AdaptiveSchedule {
             return self.sole_next(lane, engine, max, out);
         }
         let module = self.reads_cpu_clock(engine);
-        if self.widths[engine].load(Ordering::Relaxed) != max {
-            self.widths[engine].store(max, Ordering::Relaxed);
+        let width = max.max(1);
+        if self.widths[engine].load(Ordering::Relaxed) != width {
+            self.widths[engine].store(width, Ordering::Relaxed);
         }
         let mut state = lock(&self.pulls[lane]);
         let mut now = None;
@@ -1411,16 +1444,15 @@ impl AdaptiveSchedule {
     /// Per engine and key, the mix gain this batch measured (see
     /// [`model::measured_gain`]), for every engine that ran the key beside another.
     fn measured_gains(&self, known: &Knowledge) -> Vec<Option<f64>> {
-        let n_keys = self.keys.len();
         let lanes: Vec<usize> = self.ids.iter().map(|&id| known.engines[id].lanes).collect();
         let mut out = vec![None; self.estimates.len()];
-        for k in 0..n_keys {
+        for k in 0..self.keys.len() {
             let tallies: Vec<Tally> = (0..self.ids.len())
-                .map(|e| self.tallies[e * n_keys + k].get())
+                .map(|e| self.tallies[self.slot(e, k)].get())
                 .collect();
             let alone: Vec<Option<Cost>> = self.interference.iter().map(|i| i.alone(k)).collect();
             for e in 0..self.ids.len() {
-                out[e * n_keys + k] = measured_gain(e, &tallies, &lanes, &alone);
+                out[self.slot(e, k)] = measured_gain(e, &tallies, &lanes, &alone);
             }
         }
         out
@@ -1435,16 +1467,8 @@ impl Drop for AdaptiveSchedule {
         let gains = self.measured_gains(&known);
         for (e, &id) in self.ids.iter().enumerate() {
             let engine = &mut known.engines[id];
-            engine.credit = if *self.reprobed[e].get_mut() {
-                0.0
-            } else {
-                self.credit[e] + ran
-            };
-            engine.check_credit = if *self.checked[e].get_mut() {
-                0.0
-            } else {
-                self.check_credit[e] + ran
-            };
+            engine.credit = self.credit[e].carry(ran);
+            engine.check_credit = self.check_credit[e].carry(ran);
             // Only an engine's own lanes book its estimates: one that started no pull
             // (left out of the batch) learned nothing new.
             if self.starts[e].load(Ordering::Acquire) == 0 {
@@ -1452,7 +1476,7 @@ impl Drop for AdaptiveSchedule {
             }
             let (alone, ratios, ratio) = self.interference[e].snapshot();
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
-                let slot = e * self.keys.len() + k;
+                let slot = self.slot(e, k);
                 let mut gain = self.gains[slot];
                 if let Some(g) = gains[slot] {
                     gain.observe(g);

@@ -213,7 +213,7 @@ pub const MIX_TRIALS: usize = WARM_UP_PULLS + GAIN_MIN_JOBS as usize;
 /// ([`MIX_TRIALS`] for an engine of one lane that takes one job a pull).
 fn trial_pulls<V: View + ?Sized>(v: &V, e: usize) -> usize {
     let lanes = v.lanes(e).max(1);
-    let warm = (GAIN_MIN_JOBS as usize).div_ceil(lanes * v.width(e).max(1));
+    let warm = (GAIN_MIN_JOBS as usize).div_ceil(lanes * v.width(e));
     lanes * (WARM_UP_PULLS + warm)
 }
 
@@ -642,8 +642,8 @@ pub trait View {
     /// Warm jobs of class `q` engine `e` has run in this batch with no other engine's
     /// job beside them (see [`GAIN_LOCAL_ALONE`]).
     fn alone_jobs(&self, e: usize, q: usize) -> u64;
-    /// Jobs a lane of engine `e` takes in one pull (a multi-buffer CPU lane several,
-    /// all finishing together).
+    /// Jobs a lane of engine `e` takes in one pull, at least 1 (a multi-buffer CPU lane
+    /// several, all finishing together).
     fn width(&self, e: usize) -> usize;
 }
 
@@ -965,8 +965,8 @@ fn leaves_the_tail<V: View + ?Sized>(v: &V, me: usize, q: usize, c: Cost) -> boo
     // This engine's pull lasts `width` of its jobs; the best single engine's lanes take
     // theirs `width` at a time too.
     let lanes = v.lanes(best) as f64;
-    let pull = v.width(me).max(1) as f64 * c.wall;
-    let tail = lanes * (pull / alone.wall + v.width(best).max(1) as f64) + GAIN_LOCAL_ALONE as f64;
+    let pull = v.width(me) as f64 * c.wall;
+    let tail = lanes * (pull / alone.wall + v.width(best) as f64) + GAIN_LOCAL_ALONE as f64;
     (v.remaining(q) as f64) <= tail
 }
 
@@ -1095,7 +1095,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
                     if tried > 0 {
                         trial = Some(Decision::Trial(q));
                     } else if others_time + v.check_credit(me)
-                        >= CHECK_RATIO * trial_pulls(v, me) as f64 * v.width(me).max(1) as f64
+                        >= CHECK_RATIO * trial_pulls(v, me) as f64 * v.width(me) as f64
                             / v.lanes(me).max(1) as f64
                             * c.wall
                     {
