@@ -205,11 +205,14 @@ pub struct LearnedCost {
     /// its classes): the stand-in for a class with too few samples of its own.
     pub slowdown_across: Option<f64>,
     /// The throughput the engine's running this class beside the others gave over theirs
-    /// alone, averaged over the batches that measured it less one standard error, once
-    /// it decides (from [`model::GAIN_SAMPLES`] batches; see [`model::Gain::value`]).
+    /// alone, averaged over the batches that measured it (less one standard error while
+    /// it does not mix), once it decides (from [`model::GAIN_SAMPLES`] batches; see
+    /// [`model::Gain::value`]).
     pub mix_gain: Option<f64>,
     /// Batches that measured that gain.
     pub mix_gain_samples: u32,
+    /// The gain the last batch that measured one measured.
+    pub mix_gain_last: Option<f64>,
 }
 
 impl Adaptive {
@@ -241,6 +244,7 @@ impl Adaptive {
                     .map(|c| model::lost_fraction(c.wall)),
                 mix_gain: e.gain.value(),
                 mix_gain_samples: e.gain.samples(),
+                mix_gain_last: e.gain.last(),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -845,8 +849,8 @@ impl View for AdaptiveSchedule {
         self.interference[e].measured_in(self.classes[q].key)
     }
 
-    fn gain(&self, e: usize, q: usize) -> Option<f64> {
-        self.gains[self.slot(e, self.classes[q].key)].value()
+    fn gain(&self, e: usize, q: usize) -> Gain {
+        self.gains[self.slot(e, self.classes[q].key)]
     }
 
     fn check_credit(&self, e: usize) -> f64 {
