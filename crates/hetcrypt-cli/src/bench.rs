@@ -83,7 +83,9 @@ pub struct Args {
     #[arg(long)]
     decrypt: bool,
     /// Policies to compare (comma-separated) [default: only:<engine> for each engine,
-    /// then round-robin, polling, pull, threshold, adaptive].
+    /// then round-robin, polling, pull, threshold, adaptive]. round-robin:<w0>:<w1>
+    /// deals the jobs in those proportions (one weight per engine, in --engines order):
+    /// a sweep of weights finds the best fixed split.
     #[arg(long, visible_alias = "policy", value_name = "POLICIES", value_delimiter = ',', value_parser = parse_policy)]
     policies: Vec<String>,
     /// Timed runs per policy and size (the tables show the median).
@@ -355,9 +357,14 @@ fn choose_policies(
         run.push((name, policy));
     }
     if run.is_empty() {
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.policy, s.reason))
+            .collect();
         bail!(
-            "none of the policies can run on this machine's engines ({})",
-            engines.join(", ")
+            "none of the policies can run on this machine's engines ({}): {}",
+            engines.join(", "),
+            why.join("; ")
         );
     }
     Ok((run, skipped))

@@ -51,8 +51,9 @@ pub struct Args {
         value_delimiter = ','
     )]
     engines: Vec<String>,
-    /// Policies, one row each: only:<engine>, round-robin, polling, pull, threshold,
-    /// threshold:<bytes>, adaptive (comma-separated or repeated).
+    /// Policies, one row each: only:<engine>, round-robin, round-robin:<w0>:<w1>...
+    /// (one weight per engine), polling, pull, threshold, threshold:<bytes>, adaptive
+    /// (comma-separated or repeated).
     #[arg(long = "policy", visible_alias = "policies", value_name = "POLICY", value_delimiter = ',', value_parser = parse_policy)]
     policies: Vec<String>,
     /// Cipher: aes-{128,192,256}-{cbc,ctr,gcm} (default aes-128-cbc; aes-128-ctr

@@ -219,7 +219,12 @@ fn two_cpus() -> Vec<EngineRef> {
 
 #[test]
 fn every_policy_name_parses() {
-    for name in POLICIES.iter().chain(&["only:cpu", "threshold:0"]) {
+    for name in POLICIES.iter().chain(&[
+        "only:cpu",
+        "threshold:0",
+        "round-robin:3:1",
+        "round-robin:0:1:2",
+    ]) {
         let p = policy::by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(&p.name(), name);
     }
@@ -228,6 +233,10 @@ fn every_policy_name_parses() {
         "threshold:abc",
         "threshold:-1",
         "round_robin",
+        "round-robin:",
+        "round-robin:3:",
+        "round-robin:+3:1",
+        "round-robin:1:x",
         "adapt",
     ] {
         assert!(
@@ -267,7 +276,7 @@ fn round_robin_deals_one_to_one() {
     let mut mix = Mix(3);
     let (d, keys) = dispatcher(two_cpus());
     let jobs = batch(301, &keys, &mut mix);
-    let r = run_and_check(&d, &jobs, &policy::RoundRobin).report;
+    let r = run_and_check(&d, &jobs, &policy::RoundRobin::new()).report;
     let (a, b) = (r.engine("cpu").unwrap(), r.engine("cpu-b").unwrap());
     // Dealt in turn before the batch: 151 and 150, whatever the engines' speeds.
     assert_eq!((a.jobs, b.jobs), (151, 150));

@@ -182,9 +182,23 @@ pub fn by_name(name: &str) -> Result<Box<dyn Policy>> {
             }
         }
     }
+    if let Some(weights) = name.strip_prefix("round-robin:") {
+        let weights: Option<Vec<u32>> = weights
+            .split(':')
+            .map(|w| {
+                // Digits only, as for `threshold:`.
+                (!w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| w.parse().ok())
+                    .flatten()
+            })
+            .collect();
+        if let Some(weights) = weights {
+            return Ok(Box::new(RoundRobin::weighted(weights)));
+        }
+    }
     match name {
         "pull" => Ok(Box::new(Pull)),
-        "round-robin" => Ok(Box::new(RoundRobin)),
+        "round-robin" => Ok(Box::new(RoundRobin::new())),
         "polling" => Ok(Box::new(Polling)),
         "threshold" => Ok(Box::new(Threshold::calibrating())),
         "adaptive" => Ok(Box::new(Adaptive::new())),

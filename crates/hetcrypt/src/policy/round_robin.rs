@@ -1,26 +1,69 @@
-//! `round-robin`: the seeds' static baseline — jobs dealt to the engines in turn, 1:1.
+//! `round-robin`: the seeds' static baseline — jobs dealt to the engines in turn, 1:1,
+//! or in set proportions (`round-robin:<w0>:<w1>:...`).
 
 use super::queue::{live_engines, JobList};
 use super::{EngineMask, Plan, Policy, Schedule, MAX_ENGINES};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Deals the jobs to the engines in turn before the batch starts (job 0 to the first
 /// engine that can run it, job 1 to the next, ...); each lane then takes from its own
 /// engine's list. Nothing moves between engines afterwards, so a slow engine holds
 /// half the batch however slow it is — that is the point of this baseline.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RoundRobin;
+///
+/// With weights, one per engine in the dispatcher's order, each job goes to the engine
+/// that can run it with the fewest jobs dealt for its weight (ties in turn): `3:1`
+/// deals three jobs to the first engine for each one to the second. A sweep of
+/// weights finds the best fixed split of a batch, the yardstick a dynamic policy's
+/// split can be held against where the engines slow each other and the ideal that
+/// assumes they do not is out of reach. An engine of weight 0 gets only the jobs no
+/// other engine can run.
+#[derive(Clone, Debug, Default)]
+pub struct RoundRobin {
+    /// Per engine; empty for 1:1.
+    weights: Vec<u32>,
+}
+
+impl RoundRobin {
+    /// Deals one job to each engine in turn (the seeds' baseline).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Deals `weights[e]` jobs to engine `e` for every `weights[0]` to engine 0; the
+    /// plan fails unless there is one weight per engine and one is not 0.
+    pub fn weighted(weights: Vec<u32>) -> Self {
+        RoundRobin { weights }
+    }
+}
 
 impl Policy for RoundRobin {
     fn name(&self) -> String {
-        "round-robin".to_string()
+        let mut name = "round-robin".to_string();
+        for w in &self.weights {
+            name.push_str(&format!(":{w}"));
+        }
+        name
     }
 
     fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
         let live = live_engines(plan);
         let n_engines = plan.engines.len().min(MAX_ENGINES);
+        let weights: Vec<u64> = if self.weights.is_empty() {
+            vec![1; n_engines]
+        } else if self.weights.len() != plan.engines.len() || self.weights.iter().all(|&w| w == 0) {
+            return Err(Error::Policy {
+                policy: self.name(),
+                reason: format!(
+                    "needs one weight per engine, not all 0 ({} weights for {} engines)",
+                    self.weights.len(),
+                    plan.engines.len()
+                ),
+            });
+        } else {
+            self.weights.iter().map(|&w| u64::from(w)).collect()
+        };
         let mut lists: Vec<Vec<usize>> = vec![Vec::new(); n_engines];
-        // The engine whose turn it is; a job skips the engines that cannot run it, and
+        // The engine whose turn it is: a job skips the engines that cannot run it, and
         // the turn passes to the engine after the one that got it.
         let mut turn = 0;
         for (i, job) in plan.jobs.iter().enumerate() {
@@ -28,9 +71,19 @@ impl Policy for RoundRobin {
             if can.is_empty() {
                 continue;
             }
-            let engine = (0..n_engines)
+            let order = (0..n_engines)
                 .map(|k| (turn + k) % n_engines)
-                .find(|&e| can.contains(e))
+                .filter(|&e| can.contains(e));
+            // Fewest jobs for its weight: (dealt + 1) / weight, compared crosswise; an
+            // engine of weight 0 only when no other can run the job.
+            let engine = order
+                .clone()
+                .filter(|&e| weights[e] > 0)
+                .min_by(|&a, &b| {
+                    let next = |e: usize| lists[e].len() as u64 + 1;
+                    (next(a) * weights[b]).cmp(&(next(b) * weights[a]))
+                })
+                .or_else(|| order.clone().next())
                 .expect("a non-empty engine set has a member below MAX_ENGINES");
             lists[engine].push(i);
             turn = engine + 1;
@@ -121,7 +174,7 @@ mod tests {
             lanes: &lanes,
             cores: 2,
         };
-        let s = RoundRobin.plan(&plan).unwrap();
+        let s = RoundRobin::new().plan(&plan).unwrap();
         assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 3]);
         assert_eq!(drain_lane(s.as_ref(), 1), vec![1, 4]);
         assert_eq!(drain_lane(s.as_ref(), 2), vec![2]);
@@ -132,9 +185,43 @@ mod tests {
             lanes: &lanes[..2],
             ..plan
         };
-        let s = RoundRobin.plan(&plan).unwrap();
+        let s = RoundRobin::new().plan(&plan).unwrap();
         assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 2, 3]);
         assert_eq!(drain_lane(s.as_ref(), 1), vec![1, 4]);
+    }
+
+    #[test]
+    fn weights_deal_in_proportion_and_a_zero_weight_gets_only_what_no_other_can_run() {
+        let engines = [engine("a", 1), engine("b", 1)];
+        let lanes: Vec<LaneMeta> = (0..2)
+            .map(|e| LaneMeta {
+                engine: e,
+                index: 0,
+            })
+            .collect();
+        let mut jobs = vec![job(0b11); 8];
+        jobs[5] = job(0b10);
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = RoundRobin::weighted(vec![3, 1]).plan(&plan).unwrap();
+        // Three to a for each one to b, interleaved; job 5 can only go to b.
+        assert_eq!(drain_lane(s.as_ref(), 0), vec![0, 1, 3, 4, 6, 7]);
+        assert_eq!(drain_lane(s.as_ref(), 1), vec![2, 5]);
+
+        let s = RoundRobin::weighted(vec![1, 0]).plan(&plan).unwrap();
+        assert_eq!(drain_lane(s.as_ref(), 1), vec![5]);
+        assert_eq!(drain_lane(s.as_ref(), 0).len(), 7);
+
+        for bad in [vec![1], vec![1, 2, 3], vec![0, 0]] {
+            let err = RoundRobin::weighted(bad).plan(&plan).err().unwrap();
+            assert!(err.to_string().contains("one weight per engine"), "{err}");
+        }
+        assert_eq!(RoundRobin::weighted(vec![3, 1]).name(), "round-robin:3:1");
+        assert_eq!(RoundRobin::new().name(), "round-robin");
     }
 
     #[test]
@@ -157,7 +244,7 @@ mod tests {
             lanes: &lanes,
             cores: 2,
         };
-        let s = RoundRobin.plan(&plan).unwrap();
+        let s = RoundRobin::new().plan(&plan).unwrap();
         let mut taken = Vec::new();
         assert!(s.next(1, 1, &mut taken));
         assert_eq!(taken, vec![1]);
