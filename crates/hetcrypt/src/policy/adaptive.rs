@@ -953,6 +953,14 @@ impl AdaptiveSchedule {
             .any(|e| e != engine && self.lanes(e) > 0 && self.busy[e].load(Ordering::Acquire) > 0)
     }
 
+    /// Whether every lane but the caller's (a lane of `engine`) is waiting or done and no
+    /// pull runs anywhere.
+    fn all_waiting(&self, engine: usize) -> bool {
+        self.others_idle(engine)
+            && self.idle[engine].load(Ordering::Acquire) + 1 >= self.lanes(engine)
+            && self.busy.iter().all(|b| b.load(Ordering::Acquire) == 0)
+    }
+
     /// Whether every lane of the engines other than `engine` is waiting or done.
     fn others_idle(&self, engine: usize) -> bool {
         (0..self.alive.len())
@@ -1188,6 +1196,20 @@ impl AdaptiveSchedule {
                     } else {
                         true
                     };
+                    if still && holder == NO_SOLO && self.all_waiting(engine) {
+                        // Every other lane waits too and no job runs: no event will
+                        // change the rule's answer, so waiting would hang the batch.
+                        // The rule guarantees some lane goes on, and its tests check
+                        // that it does; should it ever fail, the work goes on as under
+                        // `pull`, not never.
+                        drop(guard);
+                        if let Some(q) = (0..self.classes.len()).find(|&q| {
+                            self.classes[q].engines.contains(engine) && self.take(q, max, out)
+                        }) {
+                            return Some(q);
+                        }
+                        continue;
+                    }
                     if still {
                         // A lane holding the solo while the others drain is not idle.
                         let idle = holder != engine;
