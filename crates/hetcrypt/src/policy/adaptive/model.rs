@@ -2300,6 +2300,16 @@ mod tests {
         );
     }
 
+    /// The two-vCPU testbed when the CPU's two lanes are the best single engine at 16
+    /// KiB (4.5 ms a job each) and the module (3 ms a job) helps: classes 4 KiB and 16
+    /// KiB.
+    fn two_vcpus_cpu_best() -> (SynthEngine, SynthEngine, Sim) {
+        const PAGE: usize = 4096;
+        let cpu = software(2, 1e-6, LARGE as f64 / 4.5e-3);
+        let module = module(1, 0.4e-3, LARGE as f64 / 2.6e-3, 0.05e-3, 0.05e-3);
+        (cpu, module, Sim::new(vec![cpu, module], 2, &[PAGE, LARGE]))
+    }
+
     /// The two-vCPU testbed at 16 KiB when the CPU's two lanes are the best single
     /// engine and the module, faster per job, mixes in on a measured gain: as a batch
     /// ends, the module leaves the last jobs to the CPU ([`leaves_the_tail`]), and the
@@ -2308,10 +2318,7 @@ mod tests {
     /// check fired in the third batch; in the testbed a bench hung).
     #[test]
     fn a_mixing_engine_that_leaves_the_tail_never_leaves_every_lane_waiting() {
-        const PAGE: usize = 4096;
-        let cpu = software(2, 1e-6, LARGE as f64 / 4.5e-3);
-        let module = module(1, 0.4e-3, LARGE as f64 / 2.6e-3, 0.05e-3, 0.05e-3);
-        let mut sim = Sim::new(vec![cpu, module], 2, &[PAGE, LARGE]);
+        let (cpu, _, mut sim) = two_vcpus_cpu_best();
         let cpu_alone = 400.0 * cpu.wall(LARGE) / 2.0;
         for counts in [
             [400, 0],
@@ -2340,10 +2347,7 @@ mod tests {
     /// rests on [`WINDOW`] samples, only on the credit.
     #[test]
     fn an_estimate_a_smaller_size_rules_out_is_re_measured_at_once() {
-        const PAGE: usize = 4096;
-        let cpu = software(2, 1e-6, LARGE as f64 / 4.5e-3);
-        let module = module(1, 0.4e-3, LARGE as f64 / 2.6e-3, 0.05e-3, 0.05e-3);
-        let mut sim = Sim::new(vec![cpu, module], 2, &[PAGE, LARGE]);
+        let (_, module, mut sim) = two_vcpus_cpu_best();
         sim.run(&[400, 0]);
         sim.run(&[400, 0]);
         sim.run(&[0, 400]);
