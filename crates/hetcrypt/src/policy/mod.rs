@@ -6,6 +6,7 @@
 //! the jobs it had reserved for an engine that failed.
 
 pub mod adaptive;
+pub mod call;
 mod only;
 mod polling;
 mod pull;

@@ -1,0 +1,420 @@
+//! Where each cipher call runs: in-line on the calling thread (CPU) or on a lane of the
+//! crypto module, and the counters that show what went where.
+//!
+//! The decision is the library's [`CallRouter`] (pure scheduling logic); this file
+//! holds the mechanism: the module's lanes, its keys, quarantine on a fault.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use hetcrypt::engine::{self, EngineRef, Lane};
+use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
+use hetcrypt::{Cipher, Direction, Job, JobOutput, Key, KeyId, KeyStore};
+
+use crate::inner::OFFERED;
+
+/// What the provider was told to do (openssl.cnf keys, overridden by environment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Engine names; `auto` takes the first crypto-module driver the machine has.
+    pub engines: Vec<String>,
+    /// `balanced`, `cpu` or `module`.
+    pub mode: RouterMode,
+    /// A size (bytes) from which calls prefer the module before anything is measured.
+    pub threshold: Option<usize>,
+    /// Where to write the one-line summary at unload (`-`: standard error).
+    pub stats: Option<String>,
+}
+
+/// The openssl.cnf keys we read, in [`Config::from_values`] order, and the
+/// environment variables that override each.
+pub const CONFIG_KEYS: [(&std::ffi::CStr, &str); 4] = [
+    (c"engines", "HETCRYPT_PROVIDER_ENGINES"),
+    (c"policy", "HETCRYPT_PROVIDER_POLICY"),
+    (c"threshold", "HETCRYPT_PROVIDER_THRESHOLD"),
+    (c"stats", "HETCRYPT_PROVIDER_STATS"),
+];
+
+impl Config {
+    /// Builds the configuration from openssl.cnf values (in [`CONFIG_KEYS`] order),
+    /// each overridden by its environment variable when that is set.
+    pub fn from_values(
+        cnf: &[Option<String>],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, String> {
+        let value = |i: usize| env(CONFIG_KEYS[i].1).or_else(|| cnf.get(i).cloned().flatten());
+        let engines = value(0)
+            .unwrap_or_else(|| "auto".into())
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let mode = match value(1).as_deref().map(str::trim) {
+            None | Some("balanced") => RouterMode::Balanced,
+            Some("cpu") => RouterMode::Cpu,
+            Some("module") => RouterMode::Module,
+            Some(other) => {
+                return Err(format!(
+                    "policy '{other}' is not one of balanced, cpu, module"
+                ))
+            }
+        };
+        let threshold = match value(2) {
+            None => None,
+            Some(t) => Some(
+                t.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("threshold '{t}' is not a size in bytes"))?,
+            ),
+        };
+        Ok(Config {
+            engines,
+            mode,
+            threshold,
+            stats: value(3).filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+/// Calls and bytes of one engine.
+#[derive(Default)]
+pub struct Counter {
+    calls: AtomicU64,
+    bytes: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+impl Counter {
+    fn add(&self, calls: u64, bytes: u64, busy_ns: u64) {
+        self.calls.fetch_add(calls, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
+    }
+
+    /// `(calls, bytes, busy ns)`.
+    pub fn read(&self) -> (u64, u64, u64) {
+        (
+            self.calls.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+            self.busy_ns.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Counts a context keeps to itself and adds to the shared ones now and then, so the
+/// in-line path touches no shared cache line per call.
+#[derive(Default, Clone, Copy)]
+pub struct LocalCounts {
+    calls: u64,
+    bytes: u64,
+}
+
+/// Calls a context counts before adding them to the shared counters.
+const FLUSH_EVERY: u64 = 1024;
+
+/// The crypto module: its engine, its lanes, the keys it holds.
+pub struct Module {
+    /// The engine's name (`kernel:virtio_crypto_aes_cbc`, ...).
+    pub name: String,
+    engine: EngineRef,
+    keys: KeyStore,
+    lanes: Vec<Mutex<Option<Box<dyn Lane>>>>,
+    quarantined: AtomicBool,
+    /// Per offered cipher, per direction (encrypt, decrypt): whether it takes it.
+    takes: [[bool; 2]; OFFERED.len()],
+}
+
+/// A module lane held for one call.
+pub struct LaneGuard<'a> {
+    index: usize,
+    slot: MutexGuard<'a, Option<Box<dyn Lane>>>,
+}
+
+impl Module {
+    fn open(name: &str) -> Result<Module, String> {
+        let engine = engine::by_name(name, None).map_err(|e| e.to_string())?;
+        let mut takes = [[false; 2]; OFFERED.len()];
+        for (i, (_, cipher)) in OFFERED.iter().enumerate() {
+            for (d, dir) in [Direction::Encrypt, Direction::Decrypt]
+                .into_iter()
+                .enumerate()
+            {
+                takes[i][d] = engine.supports(*cipher, dir) && cipher.mode != hetcrypt::Mode::Gcm;
+            }
+        }
+        let lanes = (0..engine.lanes().max(1))
+            .map(|_| Mutex::new(None))
+            .collect();
+        Ok(Module {
+            name: engine.name().to_string(),
+            engine,
+            keys: KeyStore::new(),
+            lanes,
+            quarantined: AtomicBool::new(false),
+            takes,
+        })
+    }
+
+    /// Whether calls of this cipher and direction may go to the module now.
+    pub fn takes(&self, alg: usize, enc: bool) -> bool {
+        self.takes[alg][usize::from(!enc)] && !self.quarantined.load(Ordering::Relaxed)
+    }
+
+    /// Whether the module takes this cipher in either direction (so a context keeps
+    /// its key registered with it).
+    pub fn may_take(&self, alg: usize) -> bool {
+        (self.takes[alg][0] || self.takes[alg][1]) && !self.quarantined.load(Ordering::Relaxed)
+    }
+
+    /// Registers a context's key.
+    pub fn add_key(&self, key: &[u8]) -> Option<KeyId> {
+        self.keys.add(Key::new(key.to_vec())).ok()
+    }
+
+    /// Drops a context's key, and every lane's state for it.
+    pub fn remove_key(&self, id: KeyId) {
+        let _ = self.keys.remove(id);
+        for (index, lane) in self.lanes.iter().enumerate() {
+            let mut slot = lane.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = slot.as_mut() {
+                if !l.forget_keys(&[id]) {
+                    // The lane cannot forget one key: reopen it empty.
+                    *slot = None;
+                }
+            }
+            let _ = index;
+        }
+    }
+
+    fn try_lane(&self) -> Option<LaneGuard<'_>> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .find_map(|(index, l)| l.try_lock().ok().map(|slot| LaneGuard { index, slot }))
+    }
+
+    fn wait_lane(&self, hint: usize) -> LaneGuard<'_> {
+        let index = hint % self.lanes.len();
+        let slot = self.lanes[index].lock().unwrap_or_else(|e| e.into_inner());
+        LaneGuard { index, slot }
+    }
+
+    /// Runs one job on a held lane. `Err` means the module failed (it is now
+    /// quarantined) and the call must run on the CPU.
+    fn run(&self, guard: &mut LaneGuard<'_>, job: &Job) -> Result<JobOutput, String> {
+        if self.quarantined.load(Ordering::Relaxed) {
+            return Err("quarantined".into());
+        }
+        if guard.slot.is_none() {
+            match self.engine.open_lane(guard.index) {
+                Ok(l) => *guard.slot = Some(l),
+                Err(e) => return Err(self.quarantine(e.to_string())),
+            }
+        }
+        let lane = guard.slot.as_mut().ok_or("no lane")?;
+        let mut out = JobOutput::default();
+        match lane.run(job, &self.keys, &mut out) {
+            Ok(()) => Ok(out),
+            Err(e) if e.is_engine_failure() => {
+                // The device went away (or broke): never send it another request
+                // (on AF_ALG one more request after an unplug can crash the kernel).
+                *guard.slot = None;
+                Err(self.quarantine(e.to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn quarantine(&self, why: String) -> String {
+        self.quarantined.store(true, Ordering::SeqCst);
+        why
+    }
+}
+
+/// The provider's routing state: the module (if any), the decision logic, counters.
+pub struct Router {
+    /// The crypto module, if one is configured and opened.
+    pub module: Option<Module>,
+    /// Why there is no module (for the status parameters), if there is none.
+    pub no_module: Option<String>,
+    calls: CallRouter,
+    /// In-line (CPU) calls.
+    pub cpu: Counter,
+    /// Module calls.
+    pub module_counter: Counter,
+    /// Calls that failed on the module and completed on the CPU.
+    pub failovers: AtomicU64,
+}
+
+/// One call's destination.
+pub enum Dest<'a> {
+    /// In-line on the calling thread; `timed`: measure it for the router.
+    Cpu {
+        /// Whether to time this call.
+        timed: bool,
+    },
+    /// On this module lane.
+    Module(LaneGuard<'a>),
+}
+
+impl Router {
+    /// Opens the configured module, if any.
+    pub fn new(config: &Config) -> Router {
+        let wanted: Vec<String> = if config.engines.iter().any(|e| e == "auto") {
+            engine::kernel::offload_drivers()
+                .into_iter()
+                .map(|d| format!("kernel:{d}"))
+                .take(1)
+                .collect()
+        } else {
+            config
+                .engines
+                .iter()
+                .filter(|e| *e != "cpu")
+                .take(1)
+                .cloned()
+                .collect()
+        };
+        let (module, no_module) = match wanted.first() {
+            None => (
+                None,
+                Some("none configured or found (in-line CPU only)".to_string()),
+            ),
+            Some(name) => match Module::open(name) {
+                Ok(m) => (Some(m), None),
+                Err(e) => (None, Some(format!("{name} unavailable: {e}"))),
+            },
+        };
+        let lanes = module.as_ref().map_or(0, |m| m.lanes.len());
+        Router {
+            calls: CallRouter::new(config.mode, OFFERED.len(), lanes, config.threshold),
+            module,
+            no_module,
+            cpu: Counter::default(),
+            module_counter: Counter::default(),
+            failovers: AtomicU64::new(0),
+        }
+    }
+
+    /// Where a call of `len` bytes of cipher `alg` goes.
+    pub fn choose(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
+        let Some(module) = self.module.as_ref().filter(|m| m.takes(alg, enc)) else {
+            return Dest::Cpu { timed: false };
+        };
+        let site = CallSite {
+            cipher: alg,
+            encrypt: enc,
+            len,
+        };
+        match self.calls.route(site) {
+            Route::Cpu { timed } => Dest::Cpu { timed },
+            Route::ModuleIfFree { else_timed } => match module.try_lane() {
+                Some(g) => Dest::Module(g),
+                None => Dest::Cpu { timed: else_timed },
+            },
+            Route::Module => match module.try_lane() {
+                Some(g) => Dest::Module(g),
+                None => Dest::Module(module.wait_lane(len)),
+            },
+        }
+    }
+
+    /// Records a timed in-line call.
+    pub fn cpu_took(&self, alg: usize, enc: bool, len: usize, started: Instant) {
+        let ns = started.elapsed().as_nanos() as u64;
+        self.calls.observe_cpu(
+            CallSite {
+                cipher: alg,
+                encrypt: enc,
+                len,
+            },
+            ns,
+        );
+    }
+
+    /// Runs `input` on the module lane `guard` as cipher `cipher` with `iv` and key
+    /// `key`. `None`: the module failed (and is quarantined): run the call in-line.
+    pub fn run_module(
+        &self,
+        mut guard: LaneGuard<'_>,
+        alg: usize,
+        enc: bool,
+        key: KeyId,
+        iv: [u8; 16],
+        input: &[u8],
+    ) -> Option<Vec<u8>> {
+        let module = self.module.as_ref()?;
+        let cipher: Cipher = OFFERED[alg].1;
+        let direction = if enc {
+            Direction::Encrypt
+        } else {
+            Direction::Decrypt
+        };
+        let job = Job::new(cipher, direction, key, iv, input.to_vec());
+        let started = Instant::now();
+        let result = module.run(&mut guard, &job);
+        drop(guard);
+        let ns = started.elapsed().as_nanos() as u64;
+        match result {
+            Ok(out) => {
+                self.module_counter.add(1, input.len() as u64, ns);
+                let site = CallSite {
+                    cipher: alg,
+                    encrypt: enc,
+                    len: input.len(),
+                };
+                self.calls.observe_module(site, ns);
+                Some(out.data)
+            }
+            Err(_) => {
+                self.failovers.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Adds a context's in-line counts to the shared counters.
+    pub fn flush(&self, local: &mut LocalCounts) {
+        if local.calls > 0 {
+            self.cpu.add(local.calls, local.bytes, 0);
+        }
+        *local = LocalCounts::default();
+    }
+
+    /// Counts one in-line call in a context's own counters.
+    pub fn count_cpu(&self, local: &mut LocalCounts, bytes: usize) {
+        local.calls += 1;
+        local.bytes += bytes as u64;
+        if local.calls >= FLUSH_EVERY {
+            self.flush(local);
+        }
+    }
+
+    /// The one-line summary: what each engine carried.
+    pub fn summary(&self, mode: RouterMode) -> String {
+        let (cc, cb, _) = self.cpu.read();
+        let (mc, mb, mns) = self.module_counter.read();
+        let module = match (&self.module, &self.no_module) {
+            (Some(m), _) => {
+                let state = if m.quarantined.load(Ordering::Relaxed) {
+                    " (quarantined)"
+                } else {
+                    ""
+                };
+                format!(
+                    "{}{state}: {mc} calls, {mb} bytes, busy {:.3} s",
+                    m.name,
+                    mns as f64 / 1e9
+                )
+            }
+            (None, Some(why)) => format!("module {why}"),
+            (None, None) => "no module".into(),
+        };
+        format!(
+            "hetcrypt provider: policy {}; cpu (in-line): {cc} calls, {cb} bytes; {module}; fail-overs {}",
+            mode.name(),
+            self.failovers.load(Ordering::Relaxed)
+        )
+    }
+}
