@@ -51,6 +51,8 @@ pub struct Ctx {
     /// in a duplicate).
     key: Option<Zeroizing<Vec<u8>>>,
     module_key: Option<KeyId>,
+    /// Module calls made with `module_key` (the first one sets the key up).
+    module_calls: u64,
     /// The IV the application set, as `EVP_CIPHER_CTX_get_original_iv` must report it
     /// after we have moved the inner context's IV along.
     oiv: Option<[u8; BLOCK]>,
@@ -104,6 +106,7 @@ impl Ctx {
             .filter(|m| m.may_take(self.alg))
         {
             self.module_key = m.add_key(key);
+            self.module_calls = 0;
             self.key = Some(Zeroizing::new(key.to_vec()));
         }
     }
@@ -198,7 +201,10 @@ impl Ctx {
         if outsize < len {
             return Err(false);
         }
-        let prov = Arc::clone(&self.prov);
+        // SAFETY: `self` holds an `Arc` of the provider for as long as this borrow
+        // lives; a raw borrow avoids two atomic operations per call (costly under
+        // emulation) and leaves `self` free to be borrowed mutably below.
+        let prov: &Provider = unsafe { &*Arc::as_ptr(&self.prov) };
         let guard = match prov.router.choose(self.alg, self.enc, len) {
             Dest::Module(guard) => guard,
             Dest::Cpu { timed } => return Err(timed),
@@ -214,9 +220,18 @@ impl Ctx {
         }
         let output = prov
             .router
-            .run_module(guard, self.alg, self.enc, key, iv, &input)
+            .run_module(
+                guard,
+                self.alg,
+                self.enc,
+                key,
+                self.module_calls == 0,
+                iv,
+                &input,
+            )
             .filter(|o| o.len() == len)
             .ok_or(false)?;
+        self.module_calls += 1;
         let next = match self.mode {
             Mode::Ctr => ctr_add(&iv, (len / BLOCK) as u128),
             _ if self.enc => last_block(&output),
@@ -287,6 +302,7 @@ unsafe extern "C" fn newctx<const I: usize>(provctx: *mut c_void) -> *mut c_void
             pending: 0,
             key: None,
             module_key: None,
+            module_calls: 0,
             oiv: None,
             moved_iv: false,
             counts: LocalCounts::default(),
@@ -336,6 +352,7 @@ unsafe extern "C" fn dupctx(vctx: *mut c_void) -> *mut c_void {
             pending: c.pending,
             key: None,
             module_key: None,
+            module_calls: 0,
             oiv: c.oiv,
             moved_iv: c.moved_iv,
             counts: LocalCounts::default(),

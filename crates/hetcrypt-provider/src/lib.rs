@@ -145,7 +145,11 @@ fn write_stats(prov: &Provider) {
     let Some(dest) = prov.config.stats.as_deref() else {
         return;
     };
-    let line = prov.summary();
+    let mut line = prov.summary();
+    if std::env::var_os("HETCRYPT_PROVIDER_TRACE").is_some() {
+        line.push('\n');
+        line.push_str(prov.router.trace().trim_end());
+    }
     if dest == "-" {
         eprintln!("{line}");
     } else if let Ok(mut f) = std::fs::OpenOptions::new()

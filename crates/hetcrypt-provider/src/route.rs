@@ -200,13 +200,15 @@ impl Module {
         LaneGuard { index, slot }
     }
 
-    /// Runs one job on a held lane. `Err` means the module failed (it is now
-    /// quarantined) and the call must run on the CPU.
-    fn run(&self, guard: &mut LaneGuard<'_>, job: &Job) -> Result<JobOutput, String> {
+    /// Runs one job on a held lane: its output, and whether the lane was opened for
+    /// it (a cold call, slower than the module's steady cost). `Err` means the module
+    /// failed (it is now quarantined) and the call must run on the CPU.
+    fn run(&self, guard: &mut LaneGuard<'_>, job: &Job) -> Result<(JobOutput, bool), String> {
         if self.quarantined.load(Ordering::Relaxed) {
             return Err("quarantined".into());
         }
-        if guard.slot.is_none() {
+        let cold = guard.slot.is_none();
+        if cold {
             match self.engine.open_lane(guard.index) {
                 Ok(l) => *guard.slot = Some(l),
                 Err(e) => return Err(self.quarantine(e.to_string())),
@@ -215,7 +217,7 @@ impl Module {
         let lane = guard.slot.as_mut().ok_or("no lane")?;
         let mut out = JobOutput::default();
         match lane.run(job, &self.keys, &mut out) {
-            Ok(()) => Ok(out),
+            Ok(()) => Ok((out, cold)),
             Err(e) if e.is_engine_failure() => {
                 // The device went away (or broke): never send it another request
                 // (on AF_ALG one more request after an unplug can crash the kernel).
@@ -333,14 +335,18 @@ impl Router {
         );
     }
 
-    /// Runs `input` on the module lane `guard` as cipher `cipher` with `iv` and key
-    /// `key`. `None`: the module failed (and is quarantined): run the call in-line.
+    /// Runs `input` on the module lane `guard` as offered cipher `alg` with `iv` and
+    /// key `key`. `first_with_key`: the lane may have to set the key up first, so the
+    /// call's time is not the module's steady cost and is not reported to the router.
+    /// `None`: the module failed (and is quarantined): run the call in-line.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_module(
         &self,
         mut guard: LaneGuard<'_>,
         alg: usize,
         enc: bool,
         key: KeyId,
+        first_with_key: bool,
         iv: [u8; 16],
         input: &[u8],
     ) -> Option<Vec<u8>> {
@@ -357,14 +363,16 @@ impl Router {
         drop(guard);
         let ns = started.elapsed().as_nanos() as u64;
         match result {
-            Ok(out) => {
+            Ok((out, cold)) => {
                 self.module_counter.add(1, input.len() as u64, ns);
-                let site = CallSite {
-                    cipher: alg,
-                    encrypt: enc,
-                    len: input.len(),
-                };
-                self.calls.observe_module(site, ns);
+                if !cold && !first_with_key {
+                    let site = CallSite {
+                        cipher: alg,
+                        encrypt: enc,
+                        len: input.len(),
+                    };
+                    self.calls.observe_module(site, ns);
+                }
                 Some(out.data)
             }
             Err(_) => {
@@ -389,6 +397,24 @@ impl Router {
         if local.calls >= FLUSH_EVERY {
             self.flush(local);
         }
+    }
+
+    /// What the router measured, one line per call site: the evidence behind its
+    /// choices (written after the summary when `HETCRYPT_PROVIDER_TRACE` is set).
+    pub fn trace(&self) -> String {
+        self.calls
+            .estimates()
+            .into_iter()
+            .map(|(alg, enc, len, cpu, module)| {
+                format!(
+                    "  {} {} from {len} B: in-line {:.1} us, module {:.1} us\n",
+                    OFFERED[alg].0.to_string_lossy(),
+                    if enc { "encrypt" } else { "decrypt" },
+                    cpu as f64 / 1e3,
+                    module as f64 / 1e3
+                )
+            })
+            .collect()
     }
 
     /// The one-line summary: what each engine carried.

@@ -7,7 +7,7 @@
 //! ever makes a call wait for a module lane when the module is far cheaper.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// How a router decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,13 +63,27 @@ pub enum Route {
 const CLASSES: usize = 21;
 /// In-line calls timed when nothing calls for a measurement: one in this many (a
 /// clock read costs about as much as a 16-byte AES call).
-const SAMPLE_EVERY: u32 = 8;
-/// The engine a site does not prefer is tried again once in this many calls, so a
-/// change of the machine (a busy CPU, a slower module) is noticed.
+const SAMPLE_EVERY: u32 = 32;
+/// The engine a site does not prefer is tried again now and then, so a change of the
+/// machine (a busy CPU, a slower module) is noticed: at least this many calls apart...
 const RECHECK_EVERY: u32 = 256;
-/// Weight of a new sample in the moving average: 1/8 follows a change within a few
-/// dozen calls and smooths one-off stalls.
-const EWMA_SHIFT: u32 = 3;
+/// ...and rarely enough that the checks cost at most about 1/EXPLORE_SHARE of the
+/// time (a 16-byte call on a module costs ~100 in-line calls: checking it every 256
+/// calls would halve the throughput).
+const EXPLORE_SHARE: u64 = 64;
+/// The longest gap between checks, in calls.
+const RECHECK_MAX: u32 = 1 << 20;
+/// Weight of a new sample that is higher than the average: 1/8 follows a slowdown
+/// within a few dozen calls and smooths one-off stalls.
+const SLOWER_SHIFT: u32 = 3;
+/// Weight of a new sample that is lower: 1/2. A module's first calls after an idle
+/// spell are slow (seen in the virtio-crypto guest: ~0.9 ms a call after a pause,
+/// ~17 us a call at 256 B when fed steadily), so its steady cost shows only after a
+/// few calls in a row and the average must reach it within a burst.
+const FASTER_SHIFT: u32 = 1;
+/// Calls in a row sent to the module when it is (re)checked, so the check measures
+/// its steady cost rather than its wake-up.
+const BURST: u32 = 8;
 /// A call waits for a busy module lane only when the module is this many times
 /// cheaper than the CPU: waiting costs up to one module call per lane ahead.
 const WAIT_FACTOR: u64 = 2;
@@ -93,6 +107,8 @@ struct Estimate {
     cpu: AtomicU64,
     /// The same on the module.
     module: AtomicU64,
+    /// Calls still to send to the module in the current check.
+    burst: AtomicU32,
 }
 
 /// The per-call router: measured costs per call site and the rule that uses them.
@@ -101,6 +117,16 @@ pub struct CallRouter {
     ciphers: usize,
     threshold: Option<usize>,
     estimates: Vec<Estimate>,
+}
+
+/// Calls between checks of the engine a site does not prefer (a power of two, so the
+/// check is a mask): a check costing `check` ns where a call costs `call` ns in the
+/// preferred engine comes once in about EXPLORE_SHARE * check / call calls.
+fn recheck_gap(check: u64, call: u64) -> u32 {
+    let gap = EXPLORE_SHARE.saturating_mul(check) / call.max(1);
+    gap.clamp(u64::from(RECHECK_EVERY), u64::from(RECHECK_MAX))
+        .next_power_of_two()
+        .min(u64::from(RECHECK_MAX)) as u32
 }
 
 fn class(len: usize) -> usize {
@@ -112,8 +138,10 @@ fn fold(slot: &AtomicU64, ns: u64) {
     let old = slot.load(Ordering::Relaxed);
     let new = if old == 0 {
         ns
+    } else if ns < old {
+        old - (old >> FASTER_SHIFT) + (ns >> FASTER_SHIFT)
     } else {
-        old - (old >> EWMA_SHIFT) + (ns >> EWMA_SHIFT)
+        old - (old >> SLOWER_SHIFT) + (ns >> SLOWER_SHIFT)
     };
     slot.store(new.max(1), Ordering::Relaxed);
 }
@@ -161,10 +189,19 @@ impl CallRouter {
             // Measure the in-line cost first: it never waits.
             return Route::Cpu { timed: true };
         }
+        let burst = e.burst.load(Ordering::Relaxed);
+        if burst > 0 {
+            e.burst.store(burst - 1, Ordering::Relaxed);
+            return Route::ModuleIfFree { else_timed: false };
+        }
+        let check_module = || {
+            e.burst.store(BURST - 1, Ordering::Relaxed);
+            Route::ModuleIfFree { else_timed: true }
+        };
         if module == 0 {
             let hopeful = self.threshold.is_none_or(|x| site.len >= x);
             return if hopeful || t.is_multiple_of(RECHECK_EVERY) {
-                Route::ModuleIfFree { else_timed: true }
+                check_module()
             } else {
                 Route::Cpu {
                     timed: t.is_multiple_of(SAMPLE_EVERY),
@@ -172,7 +209,7 @@ impl CallRouter {
             };
         }
         if module < cpu {
-            if t.is_multiple_of(RECHECK_EVERY) {
+            if t & (recheck_gap(cpu, module) - 1) == 0 {
                 return Route::Cpu { timed: true };
             }
             if cpu > module.saturating_mul(WAIT_FACTOR) {
@@ -182,13 +219,35 @@ impl CallRouter {
                     else_timed: t.is_multiple_of(SAMPLE_EVERY),
                 }
             }
-        } else if t.is_multiple_of(RECHECK_EVERY) {
-            Route::ModuleIfFree { else_timed: true }
+        } else if t & (recheck_gap(u64::from(BURST) * module, cpu) - 1) == 0 {
+            check_module()
         } else {
             Route::Cpu {
                 timed: t.is_multiple_of(SAMPLE_EVERY),
             }
         }
+    }
+
+    /// What the router has measured: `(cipher, encrypt, smallest length of the size
+    /// class, in-line ns, module ns)` for every site with a measurement (0: none).
+    pub fn estimates(&self) -> Vec<(usize, bool, usize, u64, u64)> {
+        self.estimates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let (cpu, module) = (
+                    e.cpu.load(Ordering::Relaxed),
+                    e.module.load(Ordering::Relaxed),
+                );
+                if cpu == 0 && module == 0 {
+                    return None;
+                }
+                let class = i % CLASSES;
+                let site = i / CLASSES;
+                let len = if class == 0 { 0 } else { 1usize << (class - 1) };
+                Some((site / 2, site % 2 == 0, len, cpu, module))
+            })
+            .collect()
     }
 
     /// Reports a timed in-line call.
@@ -252,16 +311,27 @@ mod tests {
         r.observe_module(site(16384), 360_000);
         let small = module_share(&r, 16, 1024);
         let large = module_share(&r, 16384, 1024);
-        assert!(
-            small <= 1024 / RECHECK_EVERY + 1,
-            "16 B went to the module {small} times"
-        );
+        let checks = BURST;
+        assert!(small <= checks, "16 B went to the module {small} times");
         assert!(
             large >= 1024 - 1024 / RECHECK_EVERY - 1,
             "16 KiB went to the module only {large} times"
         );
         // Far cheaper on the module: a call waits for a lane rather than run in-line.
         assert!((0..16).any(|_| r.route(site(16384)) == Route::Module));
+    }
+
+    #[test]
+    fn checks_of_a_far_slower_engine_cost_a_bounded_share_of_the_time() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        r.observe_cpu(site(16), 1_600);
+        r.observe_module(site(16), 200_000);
+        let n = 1 << 18;
+        let tried = module_share(&r, 16, n);
+        let spent = u64::from(tried) * 200_000;
+        let total = u64::from(n - tried) * 1_600 + spent;
+        assert!(tried >= BURST, "the module is still checked now and then");
+        assert!(spent * 20 <= total, "checks took {spent} of {total} ns");
     }
 
     #[test]
@@ -283,7 +353,7 @@ mod tests {
         for _ in 0..64 {
             r.observe_module(site(8192), 2_000_000);
         }
-        assert!(module_share(&r, 8192, 256) < 8);
+        assert!(module_share(&r, 8192, 256) <= 2 * BURST);
     }
 
     #[test]
@@ -291,11 +361,29 @@ mod tests {
         let r = CallRouter::new(RouterMode::Balanced, 1, 1, Some(1024));
         r.observe_cpu(site(64), 1_000);
         r.observe_cpu(site(4096), 60_000);
-        assert!(module_share(&r, 64, 512) <= 512 / RECHECK_EVERY + 1);
+        assert!(module_share(&r, 64, 512) <= (512 / RECHECK_EVERY + 1) * BURST);
         assert_eq!(
             r.route(site(4096)),
             Route::ModuleIfFree { else_timed: true }
         );
+    }
+
+    #[test]
+    fn a_check_of_the_module_is_a_burst_so_its_wake_up_does_not_decide() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        r.observe_cpu(site(256), 32_000);
+        assert_eq!(r.route(site(256)), Route::ModuleIfFree { else_timed: true });
+        // The first call after an idle spell is slow, the next ones are steady.
+        r.observe_module(site(256), 900_000);
+        for _ in 1..BURST {
+            assert_eq!(
+                r.route(site(256)),
+                Route::ModuleIfFree { else_timed: false }
+            );
+            r.observe_module(site(256), 17_000);
+        }
+        // The steady cost decides: the module is cheaper here.
+        assert!(module_share(&r, 256, 64) >= 60);
     }
 
     #[test]
