@@ -245,7 +245,7 @@ impl CallRouter {
                 let class = i % CLASSES;
                 let site = i / CLASSES;
                 let len = if class == 0 { 0 } else { 1usize << (class - 1) };
-                Some((site / 2, site % 2 == 0, len, cpu, module))
+                Some((site / 2, site.is_multiple_of(2), len, cpu, module))
             })
             .collect()
     }
