@@ -210,40 +210,63 @@ impl Ctx {
             Dest::Cpu { timed } => return Err(timed),
         };
         let iv = self.inner_iv().ok_or(false)?;
-        let mut input = vec![0u8; len];
-        // SAFETY: `inl` readable bytes at `in_` (caller's contract).
-        unsafe { std::ptr::copy_nonoverlapping(in_, input.as_mut_ptr(), inl) };
-        if len > inl {
+        // In place (libssl's records are): the input is set aside, so the module never
+        // reads what it writes and a failed call can still run in-line from the
+        // original bytes. Distinct buffers: no copy at all. (OpenSSL refuses partly
+        // overlapping buffers before calling us.)
+        let in_place = std::ptr::eq(in_, out);
+        let saved: Option<Vec<u8>> = if in_place {
+            // SAFETY: `inl` readable bytes at `in_` (caller's contract).
+            let mut v = unsafe { std::slice::from_raw_parts(in_, inl) }.to_vec();
             // TLS CBC padding: every pad byte holds the pad length minus one.
-            let padval = (len - inl - 1) as u8;
-            input[inl..].fill(padval);
-        }
-        let output = prov
-            .router
-            .run_module(
-                guard,
-                self.alg,
-                self.enc,
-                key,
-                self.module_calls == 0,
-                iv,
-                &input,
-            )
-            .filter(|o| o.len() == len)
-            .ok_or(false)?;
-        self.module_calls += 1;
+            v.resize(len, (len - inl).saturating_sub(1) as u8);
+            Some(v)
+        } else {
+            None
+        };
+        let input: &[u8] = match &saved {
+            Some(v) => v,
+            // SAFETY: `len == inl` readable bytes at `in_` (only TLS padding makes
+            // them differ, and that is in place), not overlapping `out`.
+            None => unsafe { std::slice::from_raw_parts(in_, len) },
+        };
+        // CBC decryption chains on the last input block: read it before the output
+        // may overwrite it.
         let next = match self.mode {
             Mode::Ctr => ctr_add(&iv, (len / BLOCK) as u128),
-            _ if self.enc => last_block(&output),
-            _ => last_block(&input),
+            _ if self.enc => [0u8; BLOCK], // the last output block, once there is one
+            _ => last_block(input),
         };
-        if !self.set_inner_iv(&next) {
-            // The inner context refused its own IV back: finish in-line, where the
-            // error (if any) is reported; its chain is where it was before.
+        // SAFETY: `outsize >= len` writable bytes at `out` (checked above), not
+        // overlapping `input` (a copy when in place).
+        let output = unsafe { std::slice::from_raw_parts_mut(out, len) };
+        let first = self.module_calls == 0;
+        if !prov
+            .router
+            .run_module(guard, self.alg, self.enc, key, first, iv, input, output)
+        {
+            if let Some(v) = &saved {
+                // Give the in-line path its input back (the module may have written
+                // part of its output over it).
+                output[..inl].copy_from_slice(&v[..inl]);
+            }
             return Err(false);
         }
-        // SAFETY: `outsize >= len` writable bytes at `out` (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(output.as_ptr(), out, len) };
+        self.module_calls += 1;
+        let next = if self.enc && self.mode != Mode::Ctr {
+            last_block(output)
+        } else {
+            next
+        };
+        if !self.set_inner_iv(&next) {
+            // The inner context refused its own IV back; its chain is where it was
+            // before, so the call can still run in-line from the original input.
+            if let Some(v) = &saved {
+                output[..inl].copy_from_slice(&v[..inl]);
+                return Err(false);
+            }
+            return Err(false);
+        }
         Ok(len)
     }
 }

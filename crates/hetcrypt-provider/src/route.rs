@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use hetcrypt::engine::{self, EngineRef, Lane};
+use hetcrypt::engine::{self, EngineRef, Lane, RawJob};
 use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
-use hetcrypt::{Cipher, Direction, Job, JobOutput, Key, KeyId, KeyStore};
+use hetcrypt::{Direction, Key, KeyId, KeyStore};
 
 use crate::inner::OFFERED;
 
@@ -200,10 +200,15 @@ impl Module {
         LaneGuard { index, slot }
     }
 
-    /// Runs one job on a held lane: its output, and whether the lane was opened for
-    /// it (a cold call, slower than the module's steady cost). `Err` means the module
-    /// failed (it is now quarantined) and the call must run on the CPU.
-    fn run(&self, guard: &mut LaneGuard<'_>, job: &Job) -> Result<(JobOutput, bool), String> {
+    /// Runs one job on a held lane into `out`: whether the lane was opened for it (a
+    /// cold call, slower than the module's steady cost). `Err` means the module failed
+    /// (it is now quarantined) or refused the job, and the call must run on the CPU.
+    fn run(
+        &self,
+        guard: &mut LaneGuard<'_>,
+        job: &RawJob<'_>,
+        out: &mut [u8],
+    ) -> Result<bool, String> {
         if self.quarantined.load(Ordering::Relaxed) {
             return Err("quarantined".into());
         }
@@ -215,9 +220,8 @@ impl Module {
             }
         }
         let lane = guard.slot.as_mut().ok_or("no lane")?;
-        let mut out = JobOutput::default();
-        match lane.run(job, &self.keys, &mut out) {
-            Ok(()) => Ok((out, cold)),
+        match lane.run_raw(job, &self.keys, out) {
+            Ok(()) => Ok(cold),
             Err(e) if e.is_engine_failure() => {
                 // The device went away (or broke): never send it another request
                 // (on AF_ALG one more request after an unplug can crash the kernel).
@@ -335,10 +339,11 @@ impl Router {
         );
     }
 
-    /// Runs `input` on the module lane `guard` as offered cipher `alg` with `iv` and
-    /// key `key`. `first_with_key`: the lane may have to set the key up first, so the
-    /// call's time is not the module's steady cost and is not reported to the router.
-    /// `None`: the module failed (and is quarantined): run the call in-line.
+    /// Runs `input` into `out` on the module lane `guard` as offered cipher `alg` with
+    /// `iv` and key `key`. `first_with_key`: the lane may have to set the key up first,
+    /// so the call's time is not the module's steady cost and is not reported to the
+    /// router. `false`: the module failed (and is quarantined, if the fault was its
+    /// own): run the call in-line.
     #[allow(clippy::too_many_arguments)]
     pub fn run_module(
         &self,
@@ -349,21 +354,28 @@ impl Router {
         first_with_key: bool,
         iv: [u8; 16],
         input: &[u8],
-    ) -> Option<Vec<u8>> {
-        let module = self.module.as_ref()?;
-        let cipher: Cipher = OFFERED[alg].1;
-        let direction = if enc {
-            Direction::Encrypt
-        } else {
-            Direction::Decrypt
+        out: &mut [u8],
+    ) -> bool {
+        let Some(module) = self.module.as_ref() else {
+            return false;
         };
-        let job = Job::new(cipher, direction, key, iv, input.to_vec());
+        let job = RawJob {
+            cipher: OFFERED[alg].1,
+            direction: if enc {
+                Direction::Encrypt
+            } else {
+                Direction::Decrypt
+            },
+            key,
+            iv,
+            input,
+        };
         let started = Instant::now();
-        let result = module.run(&mut guard, &job);
+        let result = module.run(&mut guard, &job, out);
         drop(guard);
         let ns = started.elapsed().as_nanos() as u64;
         match result {
-            Ok((out, cold)) => {
+            Ok(cold) => {
                 self.module_counter.add(1, input.len() as u64, ns);
                 if !cold && !first_with_key {
                     let site = CallSite {
@@ -373,11 +385,11 @@ impl Router {
                     };
                     self.calls.observe_module(site, ns);
                 }
-                Some(out.data)
+                true
             }
             Err(_) => {
                 self.failovers.fetch_add(1, Ordering::Relaxed);
-                None
+                false
             }
         }
     }

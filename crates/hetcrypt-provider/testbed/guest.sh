@@ -54,6 +54,25 @@ for bits in 128 192 256; do
 	fi
 done
 
+# The host's differential test (every cipher, random splits, in place and not)
+# with every call the module can take on the module.
+if [ -n "${DIFFERENTIAL:-}" ]; then
+	rm -f "$STATS"
+	if HETCRYPT_PROVIDER_POLICY=module HETCRYPT_PROVIDER_STATS=$STATS \
+		HETCRYPT_PROVIDER_MODULE_PATH=/opt/hetcrypt/bin/libhetcrypt_provider.so \
+		"/opt/hetcrypt/bin/$DIFFERENTIAL" --test-threads=1 >/tmp/diff.log 2>&1; then
+		n=$(grep -c "$MODULE[^:]*: [1-9][0-9]* calls" "$STATS")
+		if [ "$n" -gt 0 ]; then
+			ok "differential against the default provider, calls on the module ($n runs used it)"
+		else
+			bad "differential passed but no run used the module"
+		fi
+	else
+		tail -n 20 /tmp/diff.log
+		bad "differential against the default provider with the module"
+	fi
+fi
+
 rm -f "$STATS"
 HETCRYPT_PROVIDER_STATS=$STATS openssl speed -elapsed -seconds 1 $P -bytes 16384 -evp aes-128-cbc | tail -n 1
 n=$(module_calls)

@@ -4,7 +4,9 @@
 //! failures (wrong tag, bad padding, bad key length).
 //!
 //! The module is the cdylib cargo builds beside this test binary
-//! (`target/<profile>/libhetcrypt_provider.so`).
+//! (`target/<profile>/libhetcrypt_provider.so`). In the testbed guest the same binary
+//! runs with `HETCRYPT_PROVIDER_POLICY=module`, so every call the crypto module can take
+//! (CBC in place and not, both directions) goes through it and is compared too.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
@@ -45,8 +47,12 @@ fn seed() -> u64 {
     s
 }
 
-/// The module cargo built beside this test.
+/// The module cargo built beside this test, or `HETCRYPT_PROVIDER_MODULE_PATH` (the
+/// testbed guest runs this binary away from the target directory).
 fn module_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("HETCRYPT_PROVIDER_MODULE_PATH") {
+        return PathBuf::from(p);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe
         .parent()

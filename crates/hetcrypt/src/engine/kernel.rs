@@ -34,7 +34,7 @@ use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
 use self::device::DeviceWatch;
 use self::proc_crypto::AlgEntry;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
-use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
+use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput, TAG_LEN};
 use crate::key::{KeyId, KeyStore};
@@ -491,19 +491,19 @@ impl KernelLane {
     /// The keyed context for this job, opened (and keyed) on first use.
     fn context(
         &mut self,
-        job: &Job,
+        key_id: KeyId,
+        cipher: Cipher,
         served: &Served,
         keys: &KeyStore,
     ) -> std::result::Result<&mut Context, Failure> {
-        let cache_key = (job.key, served.algorithm, job.cipher.key_size);
+        let cache_key = (key_id, served.algorithm, cipher.key_size);
         self.clock += 1;
         let now = self.clock;
         if !self.contexts.contains_key(&cache_key) {
-            let cipher = job.cipher;
             let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
                 Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
             })?;
-            keys.with_key(job.key, |key| {
+            keys.with_key(key_id, |key| {
                 if key.len() != cipher.key_len() {
                     return Err(Failure::Job(Error::KeyLength {
                         cipher,
@@ -571,7 +571,7 @@ impl Lane for KernelLane {
         let result = match served
             .watch
             .check()
-            .and_then(|()| self.context(job, served, keys))
+            .and_then(|()| self.context(job.key, job.cipher, served, keys))
         {
             Ok(ctx) => match served.ty {
                 AlgType::Skcipher => run_skcipher(ctx, job, out, &served.watch),
@@ -580,28 +580,51 @@ impl Lane for KernelLane {
             Err(f) => Err(f),
         };
         self.aad_scratch = scratch;
-        match result {
-            Ok(()) => Ok(()),
-            Err(Failure::Job(e)) => {
-                out.data.clear();
-                out.tag = None;
-                Err(e)
-            }
-            Err(Failure::Engine(what)) => {
-                out.data.clear();
-                out.tag = None;
-                // The socket that failed stays in the cache, never used again: the
-                // poison flag stops every lane before it reaches the kernel.
-                Err(state.poison(format!(
-                    "{what} (driver {}, Linux {}); engine stopped, its jobs go elsewhere",
-                    served
-                        .entry
-                        .as_ref()
-                        .map_or(served.bind_name.as_str(), |e| e.driver.as_str()),
-                    state.release
-                )))
-            }
+        if result.is_err() {
+            out.data.clear();
+            out.tag = None;
         }
+        settle(&state, served, result)
+    }
+
+    fn run_raw(&mut self, job: &RawJob<'_>, keys: &KeyStore, out: &mut [u8]) -> Result<()> {
+        let cipher = job.cipher;
+        let blocks_only = cipher.mode == Mode::Cbc && !job.input.len().is_multiple_of(BLOCK_LEN);
+        if !matches!(cipher.mode, Mode::Cbc | Mode::Ctr)
+            || blocks_only
+            || out.len() != job.input.len()
+        {
+            return Err(Error::InputLength {
+                cipher,
+                len: job.input.len(),
+            });
+        }
+        self.state.check_poison()?;
+        let state = Arc::clone(&self.state);
+        let served = state.served(cipher).ok_or_else(|| Error::Unsupported {
+            cipher,
+            engine: state.name.clone(),
+        })?;
+        let input = SkInput {
+            body: job.input,
+            tail: None,
+        };
+        let result = served
+            .watch
+            .check()
+            .and_then(|()| self.context(job.key, cipher, served, keys))
+            .and_then(|ctx| {
+                skcipher_requests(
+                    ctx,
+                    cipher.mode,
+                    job.direction,
+                    job.iv,
+                    &input,
+                    out,
+                    &served.watch,
+                )
+            });
+        settle(&state, served, result)
     }
 
     fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
@@ -692,10 +715,6 @@ fn run_skcipher(
     watch: &DeviceWatch,
 ) -> std::result::Result<(), Failure> {
     let mode = job.cipher.mode;
-    let op = match job.direction {
-        Direction::Encrypt => Op::Encrypt,
-        Direction::Decrypt => Op::Decrypt,
-    };
     let (body, tail) = if mode == Mode::CbcPkcs7 && job.direction == Direction::Encrypt {
         let full = job.input.len() - job.input.len() % BLOCK_LEN;
         let mut last = [0u8; BLOCK_LEN];
@@ -709,10 +728,57 @@ fn run_skcipher(
     let input = SkInput { body, tail };
     let total = input.len();
     out.data.resize(total, 0);
-    let mut iv: [u8; BLOCK_LEN] = job
+    let iv: [u8; BLOCK_LEN] = job
         .iv()
         .try_into()
         .expect("validate() checked a 16-byte IV");
+    skcipher_requests(ctx, mode, job.direction, iv, &input, &mut out.data, watch)?;
+    if mode == Mode::CbcPkcs7 && job.direction == Direction::Decrypt {
+        let last = total - BLOCK_LEN; // validate(): at least one block
+        let kept = Pkcs7::raw_unpad(&out.data[last..])
+            .map_err(|_| Failure::Job(Error::AuthenticationFailed))?
+            .len();
+        out.data.truncate(last + kept);
+    }
+    Ok(())
+}
+
+/// What a lane returns for a request's outcome: a job error as it is, an engine
+/// failure as the poison that stops every lane of the engine.
+fn settle(state: &State, served: &Served, result: std::result::Result<(), Failure>) -> Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(Failure::Job(e)) => Err(e),
+        // The socket that failed stays in the cache, never used again: the poison
+        // flag stops every lane before it reaches the kernel.
+        Err(Failure::Engine(what)) => Err(state.poison(format!(
+            "{what} (driver {}, Linux {}); engine stopped, its jobs go elsewhere",
+            served
+                .entry
+                .as_ref()
+                .map_or(served.bind_name.as_str(), |e| e.driver.as_str()),
+            state.release
+        ))),
+    }
+}
+
+/// The requests of one CBC or CTR job: `input` (as many bytes as `out`) in requests
+/// of at most [`SKCIPHER_REQUEST_MAX`] bytes, each given the IV that continues the
+/// previous one, the output read straight into `out`.
+fn skcipher_requests(
+    ctx: &mut Context,
+    mode: Mode,
+    direction: Direction,
+    mut iv: [u8; BLOCK_LEN],
+    input: &SkInput<'_>,
+    out: &mut [u8],
+    watch: &DeviceWatch,
+) -> std::result::Result<(), Failure> {
+    let total = input.len();
+    let op = match direction {
+        Direction::Encrypt => Op::Encrypt,
+        Direction::Decrypt => Op::Decrypt,
+    };
     // A request never exceeds what the socket buffers hold, and stays whole blocks.
     let step = SKCIPHER_REQUEST_MAX.min(ctx.limits.0).min(ctx.limits.1) / BLOCK_LEN * BLOCK_LEN;
     if step == 0 && total > 0 {
@@ -729,28 +795,21 @@ fn run_skcipher(
             .send(op, &iv, None, &input.slices(pos, n))
             .map_err(engine_failure)?;
         ctx.op
-            .recv_exact(&mut [IoSliceMut::new(&mut out.data[pos..pos + n])])
+            .recv_exact(&mut [IoSliceMut::new(&mut out[pos..pos + n])])
             .map_err(engine_failure)?;
         pos += n;
         if pos < total {
-            iv = match (mode, job.direction) {
+            iv = match (mode, direction) {
                 (Mode::Ctr, _) => {
                     let blocks = (n / BLOCK_LEN) as u128;
                     u128::from_be_bytes(iv).wrapping_add(blocks).to_be_bytes()
                 }
-                (_, Direction::Encrypt) => out.data[pos - BLOCK_LEN..pos]
+                (_, Direction::Encrypt) => out[pos - BLOCK_LEN..pos]
                     .try_into()
                     .expect("a 16-byte range"),
                 (_, Direction::Decrypt) => input.block_before(pos),
             };
         }
-    }
-    if mode == Mode::CbcPkcs7 && job.direction == Direction::Decrypt {
-        let last = total - BLOCK_LEN; // validate(): at least one block
-        let kept = Pkcs7::raw_unpad(&out.data[last..])
-            .map_err(|_| Failure::Job(Error::AuthenticationFailed))?
-            .len();
-        out.data.truncate(last + kept);
     }
     Ok(())
 }

@@ -163,6 +163,23 @@ pub fn discover() -> Vec<Result<EngineRef>> {
     names.iter().map(|name| by_name(name, None)).collect()
 }
 
+/// An unauthenticated job over borrowed buffers (CBC without padding, CTR): what a
+/// caller that already holds the bytes (the OpenSSL provider) hands a lane, so that
+/// neither side copies them into a [`Job`] and back.
+#[derive(Clone, Copy, Debug)]
+pub struct RawJob<'a> {
+    /// The cipher: [`crate::Mode::Cbc`] or [`crate::Mode::Ctr`].
+    pub cipher: Cipher,
+    /// Encrypt or decrypt.
+    pub direction: Direction,
+    /// A key registered in the store the lane is given.
+    pub key: KeyId,
+    /// The IV (CBC) or counter block (CTR).
+    pub iv: [u8; crate::cipher::BLOCK_LEN],
+    /// The input: whole blocks for CBC.
+    pub input: &'a [u8],
+}
+
 /// One worker of an engine. A lane may cache per-key state (expanded keys, cipher
 /// contexts, bound sockets) across jobs.
 pub trait Lane: Send {
@@ -185,6 +202,31 @@ pub trait Lane: Send {
         for ((job, out), result) in jobs.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
             *result = self.run(job, keys, out);
         }
+    }
+
+    /// Runs a [`RawJob`] into `out` (as long as the input). The default goes through
+    /// [`Lane::run`] (one copy each way); engines whose requests can read and write the
+    /// caller's buffers directly override it. Errors as for [`Lane::run`].
+    fn run_raw(&mut self, job: &RawJob<'_>, keys: &KeyStore, out: &mut [u8]) -> Result<()> {
+        if !matches!(job.cipher.mode, crate::Mode::Cbc | crate::Mode::Ctr)
+            || out.len() != job.input.len()
+        {
+            return Err(crate::Error::InputLength {
+                cipher: job.cipher,
+                len: job.input.len(),
+            });
+        }
+        let owned = Job::new(
+            job.cipher,
+            job.direction,
+            job.key,
+            job.iv,
+            job.input.to_vec(),
+        );
+        let mut result = JobOutput::default();
+        self.run(&owned, keys, &mut result)?;
+        out.copy_from_slice(&result.data);
+        Ok(())
     }
 
     /// Drops whatever the lane cached for these keys (contexts, expanded keys,
