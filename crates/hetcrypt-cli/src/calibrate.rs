@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use hetcrypt::calibration::{self, Calibration, Fingerprint, Loaded, Settings, Step};
 use hetcrypt::engine::EngineKind;
+use hetcrypt::policy::{self, Policy};
 use hetcrypt::{Cipher, Direction};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -177,15 +178,44 @@ fn show(args: &Args, path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The store for the policies of `bench`, `encrypt` and `decrypt`: the calibration if
-/// one holds on this machine; otherwise `None`, after one warning on stderr when there
-/// is something to warn about.
-pub fn load_for_policies(explicit: Option<&Path>) -> Option<Arc<Calibration>> {
-    let (path, loaded) = calibration::load_store(explicit, &Fingerprint::current());
-    if let Some(warning) = loaded.warning(&path) {
-        eprintln!("hetcrypt: {warning}");
+/// Builds the policies of `bench`, `speed`, `encrypt` and `decrypt` by name, giving
+/// those that use one (`threshold`, `adaptive`) the calibration store: read once, when
+/// the first of them is built, with one warning on stderr if it is stale, foreign,
+/// corrupt or unreadable (they then learn from nothing, as without a store).
+pub struct Policies {
+    explicit: Option<PathBuf>,
+    loaded: Option<Option<(PathBuf, Arc<Calibration>)>>,
+}
+
+impl Policies {
+    /// Policies from the store at `explicit`, or at the default place.
+    pub fn new(explicit: Option<&Path>) -> Self {
+        Policies {
+            explicit: explicit.map(Path::to_path_buf),
+            loaded: None,
+        }
     }
-    loaded.calibration().map(Arc::new)
+
+    /// The policy named `name`.
+    pub fn by_name(&mut self, name: &str) -> hetcrypt::Result<Box<dyn Policy>> {
+        if !policy::uses_calibration(name) {
+            return policy::by_name(name);
+        }
+        let explicit = self.explicit.as_deref();
+        let loaded = self.loaded.get_or_insert_with(|| {
+            let (path, loaded) = calibration::load_store(explicit, &Fingerprint::current());
+            if let Some(warning) = loaded.warning(&path) {
+                eprintln!("hetcrypt: {warning}");
+            }
+            loaded.calibration().map(|c| (path, Arc::new(c)))
+        });
+        policy::by_name_with(name, loaded.as_ref().map(|(_, c)| c))
+    }
+
+    /// The store the policies built so far started from, if any did.
+    pub fn store(&self) -> Option<&Path> {
+        self.loaded.as_ref()?.as_ref().map(|(p, _)| p.as_path())
+    }
 }
 
 /// A progress bar on stderr, hidden when quiet or not on a terminal.

@@ -152,3 +152,57 @@ fn two_calibrations_at_once_leave_a_valid_store() {
     let left = std::fs::read_dir(dir.path()).unwrap().count();
     assert_eq!(left, 1, "no temporary file is left");
 }
+
+/// The policies that use the store get it wherever the CLI builds them (`speed` here:
+/// on a host with one engine `bench` refuses combining policies): a valid store costs
+/// no word, a corrupt one exactly one warning, and the run goes on without it.
+#[test]
+fn policies_read_the_store_and_warn_once_about_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("cal.json");
+    let store = store.to_str().unwrap();
+    ok(&args(&quick(store)));
+    let speed = |store: &str| {
+        hetcrypt()
+            .args([
+                "speed",
+                "-q",
+                "--engine",
+                "cpu",
+                "--cipher",
+                "aes-128-gcm",
+                "--policy",
+                "threshold,adaptive",
+                "--sizes",
+                "64,4096",
+                "--seconds",
+                "0.02",
+            ])
+            .env("HETCRYPT_CALIBRATION", store)
+            .output()
+            .unwrap()
+    };
+    let out = speed(store);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    std::fs::write(store, "not json").unwrap();
+    let out = speed(store);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one warning: {stderr}");
+    assert!(stderr.contains("ignoring the calibration in"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("adaptive"));
+}

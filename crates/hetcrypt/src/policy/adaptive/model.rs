@@ -503,6 +503,18 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// An estimate that starts from a cost measured beforehand (the calibration store)
+    /// as if from [`MIN_SAMPLES`] samples: usable at once, and moved by the run's own
+    /// samples as a fresh estimate would be (half way by the first), so a machine that
+    /// changed since is noticed within a few jobs.
+    pub fn seeded(wall: f64, cpu: f64) -> Self {
+        Estimate {
+            wall,
+            cpu,
+            samples: MIN_SAMPLES,
+        }
+    }
+
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
     /// the last [`WINDOW`] samples.
     pub fn observe(&mut self, wall: f64, cpu: f64) {
