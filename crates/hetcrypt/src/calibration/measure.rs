@@ -91,6 +91,7 @@ pub enum Step {
 
 /// Progress of [`measure`], reported after each point.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Progress<'a> {
     /// Points measured so far (skipped ones included).
     pub done: usize,

@@ -16,6 +16,16 @@
 //!   request of `len` bytes takes on an engine) and [`Calibration::crossover`] (from
 //!   which size one engine moves bytes at least as fast as another).
 //!
+//! **For a program deciding per call** (the OpenSSL provider): read the store once per
+//! process ([`load_store`], which never fails), then per call either compare
+//! [`Calibration::cost`] of the `cpu` engine with that of the module engine for the
+//! call's cipher, direction and length (the latency of one request, one lane each), or
+//! compare the length with [`Calibration::crossover`] (throughput with every lane busy,
+//! for a program with many calls in flight). Both answer `None` for what the store
+//! lacks: fall back to a fixed rule then. The store's types only ever gain fields
+//! (they are `#[non_exhaustive]`); a change of meaning bumps [`FORMAT_VERSION`], which
+//! makes older stores stale rather than misread.
+//!
 //! ```no_run
 //! use hetcrypt::calibration::{self, Fingerprint};
 //! use hetcrypt::{Cipher, Direction};
@@ -50,6 +60,7 @@ use crate::engine::EngineKind;
 
 /// Everything one calibration measured, as stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Calibration {
     /// The store's format ([`FORMAT_VERSION`] when written by this hetcrypt).
     pub format: u32,
@@ -67,6 +78,7 @@ pub struct Calibration {
 
 /// An engine the calibration could not measure.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Unmeasured {
     /// The engine's name.
     pub engine: String,
@@ -76,6 +88,7 @@ pub struct Unmeasured {
 
 /// One engine's measurements.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EngineCalibration {
     /// The engine's name (`cpu`, `kernel`, `kernel:virtio_crypto_aes_cbc`, ...).
     pub name: String,
@@ -89,6 +102,7 @@ pub struct EngineCalibration {
 
 /// One engine's cost for one cipher and direction.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ClassCalibration {
     /// The cipher (raw CBC also answers for CBC with PKCS#7 padding).
     pub cipher: Cipher,
@@ -113,6 +127,7 @@ pub struct ClassCalibration {
 
 /// One probe size: what one request cost on one lane.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SizePoint {
     /// Job length, bytes.
     pub len: usize,
@@ -127,6 +142,7 @@ pub struct SizePoint {
 
 /// Throughput with some lanes in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LanePoint {
     /// Lanes running at once, each one request at a time.
     pub lanes: usize,

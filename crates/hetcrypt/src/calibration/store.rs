@@ -32,6 +32,7 @@ const KERNEL_ALGORITHMS: [&str; 3] = ["cbc(aes)", "ctr(aes)", "gcm(aes)"];
 /// CPU or CPU flags (AES-NI masked, a different VM model), another kernel, a driver
 /// loaded, unloaded or re-prioritised, another OpenSSL or hetcrypt.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Fingerprint {
     /// The hetcrypt library's version.
     pub hetcrypt: String,
@@ -52,6 +53,7 @@ pub struct Fingerprint {
 
 /// One kernel driver as the fingerprint lists it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DriverId {
     /// The algorithm, e.g. `cbc(aes)`.
     pub algorithm: String,
