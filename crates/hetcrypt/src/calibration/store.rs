@@ -24,9 +24,10 @@ pub const SYSTEM_PATH: &str = "/var/lib/hetcrypt/calibration.json";
 /// The file name under a user's state directory (`$XDG_STATE_HOME/hetcrypt/`).
 const USER_FILE: &str = "hetcrypt/calibration.json";
 
-/// The kernel algorithms whose drivers the fingerprint lists (what the `kernel`
-/// engines bind for AES).
-const KERNEL_ALGORITHMS: [&str; 3] = ["cbc(aes)", "ctr(aes)", "gcm(aes)"];
+/// The kernel algorithms whose drivers the fingerprint lists: what the `kernel`
+/// engines bind for AES, and the block cipher the kernel's templates build them from
+/// where no driver implements a mode whole.
+const KERNEL_ALGORITHMS: [&str; 4] = ["aes", "cbc(aes)", "ctr(aes)", "gcm(aes)"];
 
 /// What a calibration depends on. Any difference makes a stored one stale: another
 /// CPU or CPU flags (AES-NI masked, a different VM model), another kernel, a driver
@@ -77,18 +78,8 @@ impl Fingerprint {
                 .map(|(_, v)| v.trim().to_string())
                 .unwrap_or_default()
         };
-        let mut drivers: Vec<DriverId> = proc_crypto::read(Path::new(proc_crypto::PROC_CRYPTO))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| !e.internal && KERNEL_ALGORITHMS.contains(&e.name.as_str()))
-            .map(|e| DriverId {
-                algorithm: e.name,
-                driver: e.driver,
-                priority: e.priority,
-            })
-            .collect();
-        drivers.sort();
-        drivers.dedup();
+        let drivers =
+            drivers(proc_crypto::read(Path::new(proc_crypto::PROC_CRYPTO)).unwrap_or_default());
         Fingerprint {
             hetcrypt: env!("CARGO_PKG_VERSION").to_string(),
             cpu_model: field("model name"),
@@ -164,6 +155,28 @@ impl Fingerprint {
         }
         None
     }
+}
+
+/// The AES drivers of a `/proc/crypto` listing that the fingerprint keeps, sorted:
+/// those a module or the kernel registered, not the template instances (`ctr(aes-
+/// generic)`, `gcm_base(...)`) the kernel makes on first use, which would make a store
+/// stale after every reboot until some program asked for the mode again. A template
+/// instance is built from the drivers kept (the `aes` block cipher's among them).
+fn drivers(entries: Vec<proc_crypto::AlgEntry>) -> Vec<DriverId> {
+    let mut drivers: Vec<DriverId> = entries
+        .into_iter()
+        .filter(|e| {
+            !e.internal && !e.driver.contains('(') && KERNEL_ALGORITHMS.contains(&e.name.as_str())
+        })
+        .map(|e| DriverId {
+            algorithm: e.name,
+            driver: e.driver,
+            priority: e.priority,
+        })
+        .collect();
+    drivers.sort();
+    drivers.dedup();
+    drivers
 }
 
 /// What reading the store found. Only [`Loaded::Ok`] carries a calibration; every
@@ -493,6 +506,33 @@ mod tests {
         assert_eq!(cal.measured_at % 1000, 24, "some writer's last save");
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file is left");
+    }
+
+    /// The testbed guest's AES drivers, as the fingerprint keeps them; template
+    /// instances made on first use do not change it.
+    #[test]
+    fn fingerprint_keeps_registered_drivers_not_template_instances() {
+        let text = include_str!("../engine/kernel/testdata/proc_crypto_debian_6.1_virtio.txt");
+        let kept = drivers(proc_crypto::parse(text));
+        let names: Vec<String> = kept
+            .iter()
+            .map(|d| format!("{} {} {}", d.algorithm, d.driver, d.priority.unwrap_or(-1)))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "aes aes-aesni 300",
+                "aes aes-generic 100",
+                "cbc(aes) cbc-aes-aesni 400",
+                "cbc(aes) virtio_crypto_aes_cbc 150",
+                "ctr(aes) ctr-aes-aesni 400",
+                "gcm(aes) generic-gcm-aesni 400",
+            ]
+        );
+        let used = format!(
+            "{text}\nname         : ctr(aes)\ndriver       : ctr(aes-generic)\nmodule       : kernel\npriority     : 100\ntype         : skcipher\n"
+        );
+        assert_eq!(drivers(proc_crypto::parse(&used)), kept);
     }
 
     #[test]
