@@ -24,12 +24,14 @@ use crate::workload::{human_size, parse_cipher, EngineOpts, EngineSet};
 with no policy in between: for each cipher in each direction, one request at a time at
 16 B, 64 B, 256 B, 1 KiB, 4 KiB, 16 KiB and 64 KiB (the median of at least 20 ms of
 requests each), fitted as a fixed cost per request plus a cost per byte; then 16 KiB
-requests with 1, 2, 4, ... lanes in flight. From those it derives the crossover sizes:
-from which job size an engine moves bytes at least as fast as the cpu.
+requests with 1, 2, 4, ... lanes in flight; then the cpu beside each other engine, each
+alone and both at once at every size, which says whether mixing them gains. From those
+it derives the crossover sizes: from which job size an engine moves bytes at least as
+fast as the cpu.
 
 The result goes to one store that every part of hetcrypt reads: the `threshold` policy
-splits at the stored crossover, `adaptive` starts from the stored costs (and keeps
-learning), and the OpenSSL provider decides per call between the CPU and the module.
+splits at the stored crossover, `adaptive` starts from the stored costs and mix gains
+(and keeps learning), and the OpenSSL provider decides per call between the CPU and the module.
 The store is, in this order: --calibration FILE; $HETCRYPT_CALIBRATION; for root
 /var/lib/hetcrypt/calibration.json; else $XDG_STATE_HOME/hetcrypt/calibration.json or
 ~/.local/state/hetcrypt/calibration.json (a user without one reads root's). It is
@@ -104,6 +106,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let step = match p.step {
             Step::Size(n) => human_size(n),
             Step::Lanes(n) => format!("{n} lane{}", crate::workload::plural(n)),
+            Step::Together(n) => format!("{} side by side", human_size(n)),
+            _ => String::new(),
         };
         bar.set_message(format!("{} {} {} {step}", p.engine, p.cipher, p.direction));
     })
@@ -345,6 +349,37 @@ fn render(cal: &Calibration, path: &Path, stale: Option<&str>) -> String {
         let mut grid =
             Grid::new(["CIPHER", "DIRECTION", "CPU", "ENGINE", "FROM"]).right_align_from(4);
         for row in crossovers {
+            grid.row(row);
+        }
+        out.push_str(&grid.plain());
+    }
+    if !cal.mixes.is_empty() {
+        out.push_str(
+            "\nSide by side (both engines' MB/s together over the better one's alone; below 1 \
+             the mix loses):\n\n",
+        );
+        let mut header: Vec<String> = ["CIPHER", "DIRECTION", "ENGINES"]
+            .map(String::from)
+            .to_vec();
+        header.extend(sizes.iter().map(|&n| human_size(n)));
+        let mut grid = Grid::new(header).right_align_from(3);
+        for m in &cal.mixes {
+            let mut row = vec![
+                m.cipher.to_string(),
+                m.direction.to_string(),
+                format!("{} + {}", m.engines[0], m.engines[1]),
+            ];
+            row.extend(sizes.iter().map(|&n| {
+                m.points
+                    .iter()
+                    .find(|p| p.len == n)
+                    .and_then(|p| {
+                        let best = p.alone[0].max(p.alone[1]);
+                        (best > 0.0)
+                            .then(|| format!("{:.2}x", (p.together[0] + p.together[1]) / best))
+                    })
+                    .unwrap_or_else(|| "-".into())
+            }));
             grid.row(row);
         }
         out.push_str(&grid.plain());

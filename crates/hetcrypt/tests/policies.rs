@@ -422,6 +422,7 @@ fn calibrated_policies_run_every_job_once() {
         sizes: vec![16, 256, 4096],
         point_time: Duration::from_millis(1),
         lanes_len: 4096,
+        mixes: true,
     };
     let cal = Arc::new(calibration::measure(&engines, &settings, &mut |_| {}).unwrap());
     assert!(cal.unmeasured.is_empty(), "{:?}", cal.unmeasured);

@@ -1,17 +1,17 @@
 //! Measuring: drives each engine's lanes directly, one request at a time, at each
-//! probe size, then with more and more lanes in flight. No dispatcher, no policy: what
-//! is timed is the engine alone.
+//! probe size, then with more and more lanes in flight, then each `cpu`-kind engine
+//! beside each other engine. No dispatcher, no policy: what is timed is the engines.
 
 use std::sync::mpsc;
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
-    fit, Calibration, ClassCalibration, EngineCalibration, LanePoint, SizePoint, Unmeasured,
+    fit, Calibration, ClassCalibration, EngineCalibration, Fingerprint, LanePoint, MixCalibration,
+    MixPoint, SizePoint, Unmeasured, FORMAT_VERSION,
 };
-use super::{Fingerprint, FORMAT_VERSION};
 use crate::cipher::{Cipher, Direction, KeySize, Mode};
-use crate::engine::{EngineRef, Lane};
+use crate::engine::{EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
 use crate::key::{Key, KeyId, KeyStore};
@@ -67,6 +67,9 @@ pub struct Settings {
     pub point_time: Duration,
     /// Job size of the lanes sweep, bytes.
     pub lanes_len: usize,
+    /// Whether to run each `cpu`-kind engine beside each other engine too, at every
+    /// size of the classes both run ([`Calibration::mixes`]).
+    pub mixes: bool,
 }
 
 impl Default for Settings {
@@ -76,17 +79,21 @@ impl Default for Settings {
             sizes: PROBE_SIZES.to_vec(),
             point_time: POINT_TIME,
             lanes_len: LANES_LEN,
+            mixes: true,
         }
     }
 }
 
 /// What a measured point was.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// One lane at this job size.
     Size(usize),
     /// This many lanes in flight.
     Lanes(usize),
+    /// Two engines alone and side by side at this job size.
+    Together(usize),
 }
 
 /// Progress of [`measure`], reported after each point.
@@ -97,7 +104,7 @@ pub struct Progress<'a> {
     pub done: usize,
     /// Points in all.
     pub total: usize,
-    /// The engine being measured.
+    /// The engine being measured (`a+b` for two side by side).
     pub engine: &'a str,
     /// Its cipher.
     pub cipher: Cipher,
@@ -193,19 +200,27 @@ pub fn measure(
         key_ids.push((size, keys.add(Key::new(key))?));
     }
     let plans: Vec<Vec<Todo>> = engines.iter().map(|e| todo(e, settings)).collect();
+    let pairs = if settings.mixes {
+        mix_plan(engines, &plans)
+    } else {
+        Vec::new()
+    };
     let total: usize = plans
         .iter()
         .zip(engines)
         .map(|(p, e)| {
             p.len() * lane_counts(e.lanes()).len() + p.iter().map(|t| t.sizes.len()).sum::<usize>()
         })
-        .sum();
+        .sum::<usize>()
+        + pairs.iter().map(|m| m.sizes.len()).sum::<usize>();
     let mut done = 0;
     let mut measured = Vec::new();
     let mut unmeasured = Vec::new();
-    for (engine, plan) in engines.iter().zip(plans) {
+    // Per engine: whether it failed (never to be touched again).
+    let mut broken = vec![false; engines.len()];
+    for (i, (engine, plan)) in engines.iter().zip(&plans).enumerate() {
         let (tx, rx) = mpsc::channel();
-        let (classes, failures) = std::thread::scope(|s| {
+        let (classes, failures, failed) = std::thread::scope(|s| {
             let worker = s.spawn(|| {
                 let ctx = Ctx {
                     engine,
@@ -214,7 +229,7 @@ pub fn measure(
                     settings,
                     tx,
                 };
-                ctx.run(&plan)
+                ctx.run(plan)
             });
             for msg in rx {
                 match msg {
@@ -236,9 +251,11 @@ pub fn measure(
                 (
                     Vec::new(),
                     vec!["its measuring thread panicked".to_string()],
+                    true,
                 )
             })
         });
+        broken[i] = failed;
         for reason in failures {
             unmeasured.push(Unmeasured {
                 engine: engine.name().to_string(),
@@ -254,6 +271,67 @@ pub fn measure(
             });
         }
     }
+    let mut mixes = Vec::new();
+    for pair in pairs {
+        let (a, b) = (pair.engines[0], pair.engines[1]);
+        let name = format!("{}+{}", engines[a].name(), engines[b].name());
+        let measured_class = |e: usize| {
+            measured.iter().any(|m: &EngineCalibration| {
+                m.name == engines[e].name()
+                    && m.classes
+                        .iter()
+                        .any(|c| c.cipher == pair.cipher && c.direction == pair.direction)
+            })
+        };
+        if broken[a] || broken[b] || !measured_class(a) || !measured_class(b) {
+            done += pair.sizes.len();
+            continue;
+        }
+        let key = key_ids
+            .iter()
+            .find(|(k, _)| *k == pair.cipher.key_size)
+            .map(|(_, id)| *id)
+            .expect("a key of every size was made");
+        let mut points = Vec::new();
+        for (k, &len) in pair.sizes.iter().enumerate() {
+            let point = probe_job(pair.cipher, pair.direction, key, &keys, len).and_then(|job| {
+                mix_point([&engines[a], &engines[b]], &job, &keys, settings.point_time)
+            });
+            match point {
+                Ok(p) => points.push(p),
+                Err(e) => {
+                    done += pair.sizes.len() - k;
+                    unmeasured.push(Unmeasured {
+                        engine: name.clone(),
+                        reason: format!("{} {} side by side: {e}", pair.cipher, pair.direction),
+                    });
+                    if e.is_engine_failure() {
+                        // Either may have failed: touch neither again.
+                        broken[a] = true;
+                        broken[b] = true;
+                    }
+                    break;
+                }
+            }
+            done += 1;
+            progress(&Progress {
+                done,
+                total,
+                engine: &name,
+                cipher: pair.cipher,
+                direction: pair.direction,
+                step: Step::Together(len),
+            });
+        }
+        if !points.is_empty() {
+            mixes.push(MixCalibration {
+                cipher: pair.cipher,
+                direction: pair.direction,
+                engines: [engines[a].name().to_string(), engines[b].name().to_string()],
+                points,
+            });
+        }
+    }
     Ok(Calibration {
         format: FORMAT_VERSION,
         fingerprint: Fingerprint::current(),
@@ -262,6 +340,7 @@ pub fn measure(
             .map_or(0, |d| d.as_secs()),
         engines: measured,
         unmeasured,
+        mixes,
     })
 }
 
@@ -275,15 +354,16 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Measures every class of `plan`; the classes measured and the failures, in words.
-    fn run(&self, plan: &[Todo]) -> (Vec<ClassCalibration>, Vec<String>) {
+    /// Measures every class of `plan`; the classes measured, the failures in words, and
+    /// whether the engine itself failed.
+    fn run(&self, plan: &[Todo]) -> (Vec<ClassCalibration>, Vec<String>, bool) {
         let sweep = lane_counts(self.engine.lanes());
         let points_of = |t: &Todo| t.sizes.len() + sweep.len();
         let mut lane = match self.engine.open_lane(0) {
             Ok(lane) => lane,
             Err(e) => {
                 let _ = self.tx.send(Msg::Skipped(plan.iter().map(points_of).sum()));
-                return (Vec::new(), vec![format!("cannot open a lane: {e}")]);
+                return (Vec::new(), vec![format!("cannot open a lane: {e}")], true);
             }
         };
         // Lanes 1.. of the sweep, opened on first use by the thread that drives them.
@@ -302,13 +382,13 @@ impl Ctx<'_> {
                         let left: usize = plan[i + 1..].iter().map(points_of).sum();
                         let _ = self.tx.send(Msg::Skipped(left));
                         failures.push(format!("{what}; the engine was not measured further"));
-                        return (classes, failures);
+                        return (classes, failures, true);
                     }
                     failures.push(what);
                 }
             }
         }
-        (classes, failures)
+        (classes, failures, false)
     }
 
     /// Measures one class; on error, the error and how many of its points were done.
@@ -426,6 +506,158 @@ impl Ctx<'_> {
         } else {
             0.0
         })
+    }
+}
+
+/// Two engines to run side by side on one class, at these sizes.
+struct Pair {
+    /// Indices into the engines: a `cpu`-kind one, then another.
+    engines: [usize; 2],
+    cipher: Cipher,
+    direction: Direction,
+    sizes: Vec<usize>,
+}
+
+/// Every `cpu`-kind engine with every other engine (each pair once), on the classes
+/// both run, at the sizes both take.
+fn mix_plan(engines: &[EngineRef], plans: &[Vec<Todo>]) -> Vec<Pair> {
+    let cpu: Vec<bool> = engines
+        .iter()
+        .map(|e| e.info().kind == EngineKind::Cpu)
+        .collect();
+    let mut pairs = Vec::new();
+    for a in (0..engines.len()).filter(|&a| cpu[a]) {
+        for b in (0..engines.len()).filter(|&b| b != a && !(cpu[b] && b < a)) {
+            for ta in &plans[a] {
+                let Some(tb) = plans[b]
+                    .iter()
+                    .find(|t| t.cipher == ta.cipher && t.direction == ta.direction)
+                else {
+                    continue;
+                };
+                let sizes: Vec<usize> = ta
+                    .sizes
+                    .iter()
+                    .copied()
+                    .filter(|n| tb.sizes.contains(n))
+                    .collect();
+                if !sizes.is_empty() {
+                    pairs.push(Pair {
+                        engines: [a, b],
+                        cipher: ta.cipher,
+                        direction: ta.direction,
+                        sizes,
+                    });
+                }
+            }
+        }
+    }
+    pairs
+}
+
+/// Each of two engines alone, then both at once, every lane of each running `job`.
+fn mix_point(
+    pair: [&EngineRef; 2],
+    job: &Job,
+    keys: &KeyStore,
+    time: Duration,
+) -> Result<MixPoint> {
+    let a = run_lanes(&pair[..1], job, keys, time)?[0];
+    let b = run_lanes(&pair[1..], job, keys, time)?[0];
+    let both = run_lanes(&pair, job, keys, time)?;
+    Ok(MixPoint {
+        len: job.len(),
+        alone: [a, b],
+        together: [both[0], both[1]],
+    })
+}
+
+/// Bytes per second of each engine of `engines` with every lane of each running `job`
+/// back to back until one deadline, all started together (each lane opened, and warmed
+/// up, on its own thread first).
+fn run_lanes(
+    engines: &[&EngineRef],
+    job: &Job,
+    keys: &KeyStore,
+    time: Duration,
+) -> Result<Vec<f64>> {
+    let lanes: Vec<(usize, usize)> = engines
+        .iter()
+        .enumerate()
+        .flat_map(|(g, e)| (0..e.lanes().max(1)).map(move |i| (g, i)))
+        .collect();
+    let start = Barrier::new(lanes.len());
+    let ran: Vec<(usize, Result<(usize, Duration)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = lanes
+            .iter()
+            .map(|&(g, i)| {
+                let start = &start;
+                let engine = engines[g];
+                s.spawn(move || {
+                    let ready = engine
+                        .open_lane(i)
+                        .and_then(|mut lane| warm_up(lane.as_mut(), job, keys).map(|()| lane));
+                    // Every thread reaches the barrier, ready or not.
+                    start.wait();
+                    let deadline = Instant::now() + time;
+                    ready.and_then(|mut lane| run_until(lane.as_mut(), job, keys, deadline))
+                })
+            })
+            .collect();
+        lanes
+            .iter()
+            .zip(handles)
+            .map(|(&(g, _), h)| {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(Error::EngineFailed {
+                        engine: engines[g].name().to_string(),
+                        reason: "a measuring thread panicked".into(),
+                    })
+                });
+                (g, r)
+            })
+            .collect()
+    });
+    let mut jobs = vec![0usize; engines.len()];
+    let mut took = vec![Duration::ZERO; engines.len()];
+    for (g, r) in ran {
+        let (n, t) = r?;
+        jobs[g] += n;
+        took[g] = took[g].max(t);
+    }
+    Ok(jobs
+        .iter()
+        .zip(&took)
+        .map(|(&n, t)| {
+            let secs = t.as_secs_f64();
+            if secs > 0.0 {
+                (n * job.len()) as f64 / secs
+            } else {
+                0.0
+            }
+        })
+        .collect())
+}
+
+/// Runs `job` back to back until `deadline` (once at least): requests done and the
+/// time they took. Side by side, every lane runs to the same deadline, so no engine's
+/// rate is measured partly alone.
+fn run_until(
+    lane: &mut dyn Lane,
+    job: &Job,
+    keys: &KeyStore,
+    deadline: Instant,
+) -> Result<(usize, Duration)> {
+    let mut out = JobOutput::default();
+    let start = Instant::now();
+    let mut jobs = 0;
+    loop {
+        lane.run(job, keys, &mut out)?;
+        jobs += 1;
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok((jobs, now - start));
+        }
     }
 }
 
@@ -555,14 +787,16 @@ mod tests {
             sizes: vec![16, 1024, 4096],
             point_time: Duration::from_millis(1),
             lanes_len: 1024,
+            mixes: true,
         };
         let mut seen = Vec::new();
         let cal = measure(&engines, &settings, &mut |p| {
             seen.push((p.done, p.total, p.engine.to_string(), p.step))
         })
         .unwrap();
-        // cpu: 4 classes x (3 sizes + lanes 1, 2); cpu-b: 4 x (3 + lanes 1).
-        let total = 4 * 5 + 4 * 4;
+        // cpu: 4 classes x (3 sizes + lanes 1, 2); cpu-b: 4 x (3 + lanes 1); the two
+        // side by side: 4 x 3.
+        let total = 4 * 5 + 4 * 4 + 4 * 3;
         assert_eq!(seen.len(), total);
         assert!(seen
             .iter()
@@ -586,7 +820,22 @@ mod tests {
                 assert!(c.fixed >= 0.0 && c.per_byte >= 0.0 && c.seconds(4096) > 0.0);
             }
         }
+        assert_eq!(cal.mixes.len(), 4);
+        for m in &cal.mixes {
+            assert_eq!(m.engines, ["cpu".to_string(), "cpu-b".to_string()]);
+            assert_eq!(
+                m.points.iter().map(|p| p.len).collect::<Vec<_>>(),
+                [16, 1024, 4096]
+            );
+            assert!(m
+                .points
+                .iter()
+                .all(|p| p.alone.iter().chain(&p.together).all(|&r| r > 0.0)));
+        }
         let d = Direction::Decrypt;
+        assert!(cal
+            .mix_gain("cpu-b", Cipher::AES_128_GCM, d, 4096)
+            .is_some());
         assert!(cal.cost("cpu-b", Cipher::AES_128_GCM, d, 4096).is_some());
         assert!(cal
             .crossover(Cipher::AES_128_GCM, d, "cpu", "cpu-b")

@@ -74,6 +74,39 @@ pub struct Calibration {
     /// Engines that were asked for but could not be measured, with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmeasured: Vec<Unmeasured>,
+    /// Pairs of engines (a `cpu`-kind one and another) run side by side on a class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mixes: Vec<MixCalibration>,
+}
+
+/// Two engines on one class, each alone and both at once, every lane of each busy:
+/// what running them side by side gains over either alone. On one core the CPU's lane
+/// and the module's driver share it, and a mix that the engines' rates alone promise
+/// can lose (DESIGN.md: a module request took 2-3x its time beside a busy CPU lane).
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MixCalibration {
+    /// The cipher.
+    pub cipher: Cipher,
+    /// The direction.
+    pub direction: Direction,
+    /// The two engines, by name.
+    pub engines: [String; 2],
+    /// Per probe size.
+    pub points: Vec<MixPoint>,
+}
+
+/// One size of a [`MixCalibration`]: bytes per second of each engine (in the order of
+/// [`MixCalibration::engines`]) alone and while the other runs too.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MixPoint {
+    /// Job length, bytes.
+    pub len: usize,
+    /// Each engine alone.
+    pub alone: [f64; 2],
+    /// Each engine while both run.
+    pub together: [f64; 2],
 }
 
 /// An engine the calibration could not measure.
@@ -217,6 +250,34 @@ impl Calibration {
         let a = self.class(engine_a, cipher, direction)?;
         let b = self.class(engine_b, cipher, direction)?;
         Some(crossover_of(a, b))
+    }
+}
+
+impl Calibration {
+    /// What `engine` joining the other engine of a measured pair on this class gains:
+    /// both engines' bytes per second side by side over the other's alone, at the
+    /// measured size nearest `len` (in ratio). Above 1 the mix pays; below, the other
+    /// engine does better alone. `None` if no pair with `engine` measured the class.
+    pub fn mix_gain(
+        &self,
+        engine: &str,
+        cipher: Cipher,
+        direction: Direction,
+        len: usize,
+    ) -> Option<f64> {
+        let cipher = measured_as(cipher);
+        let (mix, me) = self.mixes.iter().find_map(|m| {
+            let me = m.engines.iter().position(|e| e == engine)?;
+            (m.cipher == cipher && m.direction == direction).then_some((m, me))
+        })?;
+        let other = 1 - me;
+        let log = |n: usize| (n.max(1) as f64).ln();
+        let p = mix.points.iter().min_by(|a, b| {
+            (log(a.len) - log(len))
+                .abs()
+                .total_cmp(&(log(b.len) - log(len)).abs())
+        })?;
+        (p.alone[other] > 0.0).then(|| (p.together[0] + p.together[1]) / p.alone[other])
     }
 }
 
@@ -386,6 +447,7 @@ pub(crate) mod tests {
                 },
             ],
             unmeasured: Vec::new(),
+            mixes: Vec::new(),
         }
     }
 
@@ -420,6 +482,41 @@ pub(crate) mod tests {
             cal.cost("cpu", Cipher::AES_128_CBC, Direction::Decrypt, 16),
             None
         );
+    }
+
+    #[test]
+    fn mix_gain_is_both_together_over_the_other_alone_at_the_nearest_size() {
+        let mut cal = cpu_and_module();
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        assert_eq!(cal.mix_gain("cpu", c, d, 4096), None);
+        cal.mixes.push(MixCalibration {
+            cipher: c,
+            direction: d,
+            engines: ["cpu".into(), "kernel".into()],
+            points: vec![
+                MixPoint {
+                    len: 64,
+                    alone: [10e6, 0.3e6],
+                    together: [8e6, 0.2e6],
+                },
+                MixPoint {
+                    len: 16384,
+                    alone: [10e6, 60e6],
+                    together: [6e6, 50e6],
+                },
+            ],
+        });
+        // The module joining the cpu's 64-byte jobs: 8.2 MB/s against 10 alone.
+        let g = cal.mix_gain("kernel", c, d, 64).unwrap();
+        assert!((g - 0.82).abs() < 1e-9, "{g}");
+        // The cpu joining the module's 16 KiB jobs: 56 MB/s against 60; 12 KiB is
+        // nearer 16 KiB than 64 B; padded CBC answers from raw CBC.
+        let g = cal
+            .mix_gain("cpu", Cipher::AES_128_CBC_PKCS7, d, 12000)
+            .unwrap();
+        assert!((g - 56.0 / 60.0).abs() < 1e-9, "{g}");
+        assert_eq!(cal.mix_gain("gpu", c, d, 64), None);
+        assert_eq!(cal.mix_gain("cpu", c, Direction::Decrypt, 64), None);
     }
 
     #[test]

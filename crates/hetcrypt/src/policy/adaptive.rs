@@ -144,7 +144,8 @@ impl Knowledge {
     /// What is known of engine `id` (a position in `engines`) on a class: what was
     /// learned, else the calibration store's cost at the bucket's smallest size
     /// (the usual size of benchmark files), taken as every pull and as the engine
-    /// alone, and kept from then on to be learned on like any estimate; else nothing.
+    /// alone, with the gain the store measured running it beside the other engine,
+    /// all kept from then on to be learned on like any estimate; else nothing.
     fn learned(&mut self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Learned {
         if let Some(l) = self.costs.get(&(id, cipher, direction, b)) {
             return *l;
@@ -158,9 +159,15 @@ impl Knowledge {
         };
         let len = model::bucket_floor(b);
         let cost = Estimate::seeded(class.seconds(len), class.cpu_seconds(len));
+        let gain = self
+            .seed
+            .as_ref()
+            .and_then(|cal| cal.mix_gain(&self.engines[id].name, cipher, direction, len))
+            .map_or_else(Gain::default, Gain::seeded);
         let seeded = Learned {
             all: cost,
             alone: cost,
+            gain,
             ..Learned::default()
         };
         self.costs.insert((id, cipher, direction, b), seeded);
@@ -1592,7 +1599,7 @@ mod tests {
             s.next(lane, 1, &mut out);
             let _ = tx.send(out.first().copied());
         });
-        rx.recv_timeout(Duration::from_secs(5)).ok().flatten()
+        rx.recv_timeout(Duration::from_millis(500)).ok().flatten()
     }
 
     /// Given a stored calibration (a cpu fast on small jobs, a module that wins from
@@ -1641,6 +1648,64 @@ mod tests {
         assert!(
             probe < 50,
             "without a store the module probes small jobs first: {probe}"
+        );
+    }
+
+    /// With the mix gain the store measured, the cpu neither runs trial jobs of the
+    /// module's class to learn it (a gain below 1: it stays out) nor waits to learn it
+    /// (above 1: it joins at once); without one, it runs trials.
+    #[test]
+    fn seeded_mix_gain_decides_whether_the_cpu_joins_without_trials() {
+        use crate::calibration::{MixCalibration, MixPoint};
+        let engines = engines();
+        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let jobs: Vec<JobMeta> = (0..200)
+            .map(|_| JobMeta {
+                len: 65536,
+                cipher: Cipher::AES_128_CBC,
+                direction: Direction::Encrypt,
+                engines: EngineMask(3),
+            })
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            // One core: the cpu lane's work takes it from the module's driver.
+            cores: 1,
+        };
+        let with_gain = |gain: Option<f64>| {
+            let mut cal = crate::calibration::tests::cpu_and_module();
+            if let Some(gain) = gain {
+                // The module alone moves 100 MB/s; both together `gain` times that.
+                cal.mixes.push(MixCalibration {
+                    cipher: Cipher::AES_128_CBC,
+                    direction: Direction::Encrypt,
+                    engines: ["cpu".into(), "kernel".into()],
+                    points: vec![MixPoint {
+                        len: 65536,
+                        alone: [10e6, 100e6],
+                        together: [10e6, gain * 100e6 - 10e6],
+                    }],
+                });
+            }
+            let s: Arc<dyn Schedule> =
+                Arc::from(Adaptive::seeded(Arc::new(cal)).plan(&plan).unwrap());
+            assert!(first_pick(&s, 1).is_some(), "the module takes the class");
+            first_pick(&s, 0)
+        };
+        assert_eq!(
+            with_gain(Some(0.8)),
+            None,
+            "a losing mix: the cpu stays out"
+        );
+        assert!(
+            with_gain(Some(1.3)).is_some(),
+            "a gaining mix: the cpu joins"
+        );
+        assert!(
+            with_gain(None).is_some(),
+            "no gain known: the cpu runs trials"
         );
     }
 }

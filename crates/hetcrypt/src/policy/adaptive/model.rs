@@ -443,6 +443,20 @@ pub struct Gain {
 }
 
 impl Gain {
+    /// A gain measured beforehand (the calibration store runs the engines side by
+    /// side), counted as [`GAIN_SAMPLES`] agreeing batches: it decides the cost rule at
+    /// once, with no trial jobs, and the batches' own gains move it from then on.
+    pub fn seeded(gain: f64) -> Self {
+        let gain = gain.min(GAIN_CAP);
+        Gain {
+            mean: gain,
+            square: gain * gain,
+            samples: GAIN_SAMPLES,
+            mixing: gain >= MIX_GAIN,
+            last: gain,
+        }
+    }
+
     /// Adds one batch's measured gain (at most [`GAIN_CAP`]): a plain mean of the
     /// first few, then a moving average over about [`GAIN_WINDOW`] batches; then decides
     /// again whether to mix.
