@@ -517,15 +517,20 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// An estimate that starts from a cost measured beforehand (the calibration store)
-    /// as if from [`MIN_SAMPLES`] samples: usable at once, and moved by the run's own
-    /// samples as a fresh estimate would be (half way by the first), so a machine that
-    /// changed since is noticed within a few jobs.
+    /// An estimate that starts from a cost measured beforehand (the calibration store,
+    /// the median of dozens to thousands of undisturbed requests) as if from [`WINDOW`]
+    /// samples: usable at once and settled, so it is not re-measured as soon as a young
+    /// estimate of two probes is (see [`reprobe_ratio`]; seeded at two samples, the
+    /// module re-measured 256-byte jobs alone in the soft testbed's first batches, the
+    /// CPU waiting, and short runs lost up to a quarter to it), while the run's own
+    /// samples move it as any settled estimate (1/[`WINDOW`] each, at least half for
+    /// one far below it), so a machine that changed since is noticed within a few
+    /// dozen jobs.
     pub fn seeded(wall: f64, cpu: f64) -> Self {
         Estimate {
             wall,
             cpu,
-            samples: MIN_SAMPLES,
+            samples: WINDOW,
         }
     }
 
