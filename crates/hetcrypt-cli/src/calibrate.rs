@@ -86,6 +86,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.show {
         return show(&args, &path);
     }
+    // Fail on a store that cannot be written before spending seconds measuring.
+    writable(&path)?;
     let opts = EngineOpts {
         lanes: args.lanes.map(usize::from),
         cpu_chains: None,
@@ -131,6 +133,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("hetcrypt: calibration stored in {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a store can be written at `path`: its directory can be made and hold a
+/// new file (what [`Calibration::save`] needs).
+fn writable(path: &Path) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir)
+        .and_then(|()| {
+            tempfile::Builder::new()
+                .prefix(".calibration.")
+                .tempfile_in(dir)
+        })
+        .map(drop)
+        .with_context(|| format!("cannot write the calibration store {}", path.display()))
 }
 
 /// `--show`: the stored calibration, with a warning first if it no longer holds here.

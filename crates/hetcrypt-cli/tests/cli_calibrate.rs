@@ -106,6 +106,20 @@ fn show_refuses_a_missing_or_corrupt_store_in_one_sentence() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// A store that cannot be written fails (before any measuring) in one sentence that
+/// names it.
+#[test]
+fn an_unwritable_store_fails_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let store = file.join("cal.json");
+    let err = fails(&["calibrate", "-q", "--calibration", store.to_str().unwrap()]);
+    assert!(err.contains("cannot write the calibration store"), "{err}");
+    assert!(err.contains(store.to_str().unwrap()), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 /// A store measured elsewhere is shown, marked stale, with one warning.
 #[test]
 fn show_marks_a_foreign_store_stale() {
