@@ -11,13 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use hetcrypt::policy::{self, Policy};
+use hetcrypt::policy::Policy;
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Mode};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use crate::calibrate::Policies;
 use crate::output::StagedDir;
 use crate::workload::{
     human_size, parse_cipher, parse_count, parse_policy, parse_size, random_bytes, random_key,
@@ -120,6 +121,10 @@ pub struct Args {
     /// Print the JSON report instead of the Markdown tables.
     #[arg(long)]
     json: bool,
+    /// The calibration store threshold and adaptive start from [default: as for
+    /// `hetcrypt calibrate`; none if there is no store, or it is stale].
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
 }
 
 /// Runs `hetcrypt bench`.
@@ -150,7 +155,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let key = random_key(cipher)?;
     let key_id = dispatcher.add_key(key.clone())?;
 
-    let (mut policies, mut skipped) = choose_policies(&args.policies, &set, &engine_names)?;
+    let mut makers = Policies::new(args.calibration.as_deref());
+    let (mut policies, mut skipped) =
+        choose_policies(&args.policies, &set, &engine_names, &mut makers)?;
+    let mut notes = notes;
+    if let Some(store) = makers.store() {
+        notes.push(format!(
+            "threshold and adaptive started from the calibration in {}",
+            store.display()
+        ));
+    }
     let inputs = match &args.input {
         Some(dir) => read_inputs(dir)?,
         None => generated_sizes(&args.sizes, args.files as usize),
@@ -294,6 +308,7 @@ fn choose_policies(
     asked: &[String],
     set: &EngineSet,
     engines: &[String],
+    makers: &mut Policies,
 ) -> anyhow::Result<(Vec<Named>, Vec<Skipped>)> {
     let defaulted = asked.is_empty();
     let names: Vec<String> = if defaulted {
@@ -312,7 +327,7 @@ fn choose_policies(
     let mut run = Vec::new();
     let mut skipped = Vec::new();
     for name in names {
-        let policy = match policy::by_name(&name) {
+        let policy = match makers.by_name(&name) {
             Ok(p) => p,
             // Only the default list can name a policy this build lacks; a name the
             // user typed was already checked by the argument parser.

@@ -60,6 +60,10 @@ struct Common {
     /// Print the summary as JSON (on stdout, or on stderr when stdout carries data).
     #[arg(long)]
     json: bool,
+    /// The calibration store `threshold` and `adaptive` start from (default: as for
+    /// `hetcrypt calibrate`).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
 }
 
 /// Arguments of `hetcrypt encrypt`.
@@ -271,7 +275,9 @@ fn run<S: FileStream>(
     make: impl Fn(Input, Output) -> S,
 ) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
-    let policy = hetcrypt::policy::by_name(&args.policy).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy = crate::calibrate::Policies::new(args.calibration.as_deref())
+        .by_name(&args.policy)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let EngineSet {
         ready: engines,
         unavailable,

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod calibrate;
 mod encrypt;
 mod engines;
 mod keygen;
@@ -30,6 +31,8 @@ enum Command {
     Speed(speed::Args),
     /// The seeds' experiment: many small files, every policy, tables and charts.
     Bench(bench::Args),
+    /// Measure each engine's cost per cipher and size; store it for every policy.
+    Calibrate(calibrate::Args),
     /// Create a random key file (mode 0600).
     Keygen(keygen::Args),
     /// Encrypt files or directory trees (C2SP chunked encryption).
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Engines(args) => engines::run(args),
         Command::Speed(args) => speed::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Calibrate(args) => calibrate::run(args),
         Command::Keygen(args) => keygen::run(args),
         Command::Encrypt(args) => encrypt::run_encrypt(args),
         Command::Decrypt(args) => encrypt::run_decrypt(args),

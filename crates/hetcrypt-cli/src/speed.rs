@@ -174,11 +174,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
         }
     } else {
+        let mut makers = crate::calibrate::Policies::new(None);
         for p in &args.policies {
             targets.push(Target {
                 name: p.clone(),
                 dispatcher: Dispatcher::new(set.ready.clone())?,
-                policy: policy::by_name(p)?,
+                policy: makers.by_name(p)?,
             });
         }
     }

@@ -145,6 +145,14 @@ pub enum Error {
         /// Why, in words.
         reason: &'static str,
     },
+    /// The calibration store could not be written.
+    #[error("cannot write the calibration store {}: {reason}", path.display())]
+    Store {
+        /// The store's path.
+        path: std::path::PathBuf,
+        /// What failed, in words.
+        reason: String,
+    },
     /// An I/O error.
     #[error(transparent)]
     Io(#[from] std::io::Error),

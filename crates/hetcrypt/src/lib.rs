@@ -6,6 +6,9 @@
 //!   the Linux crypto API through AF_ALG) and has *lanes*, each able to hold one job;
 //! - a [`Policy`](policy::Policy) decides which lane runs which job — pure scheduling,
 //!   no crypto;
+//! - a [`Calibration`](calibration::Calibration) is what each engine costs per cipher,
+//!   direction and size on this machine, measured once by driving the engines' lanes
+//!   directly and stored where policies and other programs read it;
 //! - the [`Dispatcher`] is the mechanism: it owns the lane threads, runs a batch under a
 //!   policy, re-dispatches the jobs of an engine that fails, and returns every output
 //!   plus a [`Report`].
@@ -30,6 +33,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod calibration;
 pub mod cipher;
 pub mod dispatch;
 pub mod engine;

@@ -409,38 +409,47 @@ fn no_policy_hands_a_job_to_an_engine_that_cannot_run_it() {
     }
 }
 
-/// `threshold::calibrate` measures every probe size on both sides and picks one of them
-/// (timings decide which, so only the shape is checked); it refuses a dispatcher with a
-/// single engine.
+/// A calibration measured on the engines themselves (not through the dispatcher) gives
+/// `threshold` and `adaptive` a model to start from; both then run a mixed batch, also
+/// of classes the calibration lacks and on a failing engine, with every output right.
 #[test]
-fn calibration_measures_each_size_on_each_side() {
-    use hetcrypt::policy::threshold::{self, PROBE_SIZES};
-    let (d, _) = dispatcher(two_cpus());
+fn calibrated_policies_run_every_job_once() {
+    use hetcrypt::calibration::{self, Settings};
+    use std::time::Duration;
+    let engines = two_cpus();
+    let settings = Settings {
+        ciphers: vec![Cipher::AES_128_CBC, Cipher::AES_256_GCM],
+        sizes: vec![16, 256, 4096],
+        point_time: Duration::from_millis(1),
+        lanes_len: 4096,
+        mixes: true,
+    };
+    let cal = Arc::new(calibration::measure(&engines, &settings, &mut |_| {}).unwrap());
+    assert!(cal.unmeasured.is_empty(), "{:?}", cal.unmeasured);
     for direction in [Direction::Encrypt, Direction::Decrypt] {
-        let cal = threshold::calibrate(&d, Cipher::AES_128_GCM, direction).unwrap();
-        assert_eq!(
-            (cal.small.as_str(), cal.large.as_slice()),
-            ("cpu", &["cpu-b".to_string()][..])
-        );
-        assert_eq!(
-            cal.points.iter().map(|p| p.len).collect::<Vec<_>>(),
-            PROBE_SIZES
-        );
-        assert!(cal.points.iter().all(|p| p.small > 0.0 && p.large > 0.0));
-        assert!(
-            cal.threshold == 0
-                || cal.threshold == usize::MAX
-                || PROBE_SIZES.contains(&cal.threshold),
-            "{}",
-            cal.threshold
-        );
-        assert_eq!(cal.policy().name(), format!("threshold:{}", cal.threshold));
+        let at = cal.crossover(Cipher::AES_256_GCM, direction, "cpu", "cpu-b");
+        assert!(at.is_some(), "both engines measured {direction}");
     }
-    let (alone, _) = dispatcher(vec![CpuEngine::with_lanes(1).into_engine()]);
-    assert!(matches!(
-        threshold::calibrate(&alone, Cipher::AES_128_CBC, Direction::Encrypt),
-        Err(Error::Policy { .. })
-    ));
+    let mut mix = Mix(11);
+    for name in ["threshold", "adaptive"] {
+        let (d, keys) = dispatcher(two_cpus());
+        let jobs = batch(300, &keys, &mut mix);
+        let policy = policy::by_name_with(name, Some(&cal)).unwrap();
+        assert_eq!(policy.name(), name);
+        for _ in 0..2 {
+            run_and_check(&d, &jobs, policy.as_ref());
+        }
+        let (d, keys) = dispatcher(vec![
+            CpuEngine::with_lanes(1).into_engine(),
+            Arc::new(FaultyEngine::new(
+                "cpu-b",
+                CpuEngine::with_lanes(2).into_engine(),
+                Fault::AfterJobs(20),
+            )),
+        ]);
+        let jobs = batch(300, &keys, &mut mix);
+        run_and_check(&d, &jobs, policy.as_ref());
+    }
 }
 
 /// `adaptive` measures each engine's cost for a new class of jobs *alone* (its probes

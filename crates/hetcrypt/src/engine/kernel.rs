@@ -19,7 +19,7 @@
 
 mod afalg;
 mod device;
-mod proc_crypto;
+pub(crate) mod proc_crypto;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};

@@ -9,7 +9,7 @@ pub mod kernel;
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
@@ -17,7 +17,7 @@ use crate::job::{Job, JobOutput};
 use crate::key::{KeyId, KeyStore};
 
 /// What kind of engine this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineKind {
     /// Software on the host CPU (OpenSSL EVP).

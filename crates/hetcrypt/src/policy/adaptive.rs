@@ -67,6 +67,7 @@ use self::model::{
 };
 use super::queue::{live_engines, JobList, ListBuilder};
 use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
+use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
 
@@ -121,6 +122,8 @@ struct Knowledge {
     /// position here, so a batch finds its estimates without building owned keys.
     engines: Vec<KnownEngine>,
     costs: HashMap<ModelKey, Learned>,
+    /// The calibration store's costs, for classes not learned yet.
+    seed: Option<Arc<Calibration>>,
 }
 
 /// An engine the model has seen: name and lane count (a lane's cost depends on how many
@@ -138,6 +141,39 @@ struct KnownEngine {
 }
 
 impl Knowledge {
+    /// What is known of engine `id` (a position in `engines`) on a class: what was
+    /// learned, else the calibration store's cost at the bucket's smallest size
+    /// (the usual size of benchmark files), taken as every pull and as the engine
+    /// alone, with the gain the store measured running it beside the other engine,
+    /// all kept from then on to be learned on like any estimate; else nothing.
+    fn learned(&mut self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Learned {
+        if let Some(l) = self.costs.get(&(id, cipher, direction, b)) {
+            return *l;
+        }
+        let Some(class) = self
+            .seed
+            .as_ref()
+            .and_then(|cal| cal.class(&self.engines[id].name, cipher, direction))
+        else {
+            return Learned::default();
+        };
+        let len = model::bucket_floor(b);
+        let cost = Estimate::seeded(class.seconds(len), class.cpu_seconds(len));
+        let gain = self
+            .seed
+            .as_ref()
+            .and_then(|cal| cal.mix_gain(&self.engines[id].name, cipher, direction, len))
+            .map_or_else(Gain::default, Gain::seeded);
+        let seeded = Learned {
+            all: cost,
+            alone: cost,
+            gain,
+            ..Learned::default()
+        };
+        self.costs.insert((id, cipher, direction, b), seeded);
+        seeded
+    }
+
     /// The position of engine `name` with `lanes` lanes in `engines`, added if new.
     fn engine(&mut self, name: &str, lanes: usize) -> usize {
         match self
@@ -219,6 +255,16 @@ impl Adaptive {
     /// A policy with nothing learned yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A policy that starts from the costs `calibration` stored for this machine, so it
+    /// places jobs right from the first one, and goes on learning from every batch as
+    /// [`Adaptive::new`] does (a class or engine the store lacks is measured as usual).
+    /// Clones share one learned model.
+    pub fn seeded(calibration: Arc<Calibration>) -> Self {
+        let policy = Self::default();
+        lock(&policy.learned).seed = Some(calibration);
+        policy
     }
 
     /// What the policy has learned so far, sorted by engine, cipher, direction, size.
@@ -616,8 +662,7 @@ impl AdaptiveSchedule {
             for &id in &ids {
                 let stored: Vec<Learned> = keys
                     .iter()
-                    .map(|&(c, d, b)| known.costs.get(&(id, c, d, b)).copied())
-                    .map(Option::unwrap_or_default)
+                    .map(|&(c, d, b)| known.learned(id, c, d, b))
                     .collect();
                 estimates.extend(stored.iter().map(|l| SharedEstimate::new(l.all)));
                 gains.extend(stored.iter().map(|l| l.gain));
@@ -1521,5 +1566,146 @@ impl Drop for AdaptiveSchedule {
                 known.engines[id].interference = ratio;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineKind;
+    use crate::policy::{EngineMeta, LaneMeta};
+
+    /// A `cpu` lane and a `kernel` module lane, one each.
+    fn engines() -> Vec<EngineMeta> {
+        [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
+            .iter()
+            .map(|(name, kind)| EngineMeta {
+                name: name.to_string(),
+                kind: *kind,
+                lanes: 1,
+                max_batch: 1,
+                uses_host_cpu: *kind == EngineKind::Cpu,
+            })
+            .collect()
+    }
+
+    /// The first job each lane takes, asked from a thread so that a lane the policy
+    /// makes wait fails the test instead of hanging it.
+    fn first_pick(s: &Arc<dyn Schedule>, lane: usize) -> Option<usize> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Arc::clone(s);
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            s.next(lane, 1, &mut out);
+            let _ = tx.send(out.first().copied());
+        });
+        rx.recv_timeout(Duration::from_millis(500)).ok().flatten()
+    }
+
+    /// Given a stored calibration (a cpu fast on small jobs, a module that wins from
+    /// ~22 KB), `adaptive` sends the first small job to the cpu and the first large job
+    /// to the module, with nothing measured yet and no probe; without the store the
+    /// module's first job is a probe of the smallest class.
+    #[test]
+    fn seeded_adaptive_routes_the_first_jobs_by_the_stored_model() {
+        let engines = engines();
+        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let jobs: Vec<JobMeta> = (0..100)
+            .map(|i| JobMeta {
+                len: if i < 50 { 64 } else { 65536 },
+                cipher: Cipher::AES_128_CBC,
+                direction: Direction::Encrypt,
+                engines: EngineMask(3),
+            })
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let cal = Arc::new(crate::calibration::tests::cpu_and_module());
+        let seeded = Adaptive::seeded(cal);
+        let s: Arc<dyn Schedule> = Arc::from(seeded.plan(&plan).unwrap());
+        let kernel = first_pick(&s, 1).expect("the module takes a job at once");
+        let cpu = first_pick(&s, 0).expect("the cpu takes a job at once");
+        assert!(
+            kernel >= 50,
+            "the module's first job is a large one: {kernel}"
+        );
+        assert!(cpu < 50, "the cpu's first job is a small one: {cpu}");
+        // What the store said is what the policy starts from.
+        let learned = seeded.learned();
+        let module_large = learned
+            .iter()
+            .find(|l| l.engine == "kernel" && l.min_len == 65536)
+            .and_then(|l| l.cost)
+            .expect("seeded");
+        assert!((module_large.wall - (200e-6 + 65536e-9)).abs() < 1e-9);
+
+        let fresh: Arc<dyn Schedule> = Arc::from(Adaptive::new().plan(&plan).unwrap());
+        let probe = first_pick(&fresh, 1).expect("the module probes at once");
+        assert!(
+            probe < 50,
+            "without a store the module probes small jobs first: {probe}"
+        );
+    }
+
+    /// With the mix gain the store measured, the cpu neither runs trial jobs of the
+    /// module's class to learn it (a gain below 1: it stays out) nor waits to learn it
+    /// (above 1: it joins at once); without one, it runs trials.
+    #[test]
+    fn seeded_mix_gain_decides_whether_the_cpu_joins_without_trials() {
+        use crate::calibration::{MixCalibration, MixPoint};
+        let engines = engines();
+        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let jobs: Vec<JobMeta> = (0..200)
+            .map(|_| JobMeta {
+                len: 65536,
+                cipher: Cipher::AES_128_CBC,
+                direction: Direction::Encrypt,
+                engines: EngineMask(3),
+            })
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            // One core: the cpu lane's work takes it from the module's driver.
+            cores: 1,
+        };
+        let with_gain = |gain: Option<f64>| {
+            let mut cal = crate::calibration::tests::cpu_and_module();
+            if let Some(gain) = gain {
+                // The module alone moves 100 MB/s; both together `gain` times that.
+                cal.mixes.push(MixCalibration {
+                    cipher: Cipher::AES_128_CBC,
+                    direction: Direction::Encrypt,
+                    engines: ["cpu".into(), "kernel".into()],
+                    points: vec![MixPoint {
+                        len: 65536,
+                        alone: [10e6, 100e6],
+                        together: [10e6, gain * 100e6 - 10e6],
+                    }],
+                });
+            }
+            let s: Arc<dyn Schedule> =
+                Arc::from(Adaptive::seeded(Arc::new(cal)).plan(&plan).unwrap());
+            assert!(first_pick(&s, 1).is_some(), "the module takes the class");
+            first_pick(&s, 0)
+        };
+        assert_eq!(
+            with_gain(Some(0.8)),
+            None,
+            "a losing mix: the cpu stays out"
+        );
+        assert!(
+            with_gain(Some(1.3)).is_some(),
+            "a gaining mix: the cpu joins"
+        );
+        assert!(
+            with_gain(None).is_some(),
+            "no gain known: the cpu runs trials"
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod queue;
 mod round_robin;
 pub mod threshold;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use adaptive::Adaptive;
@@ -23,6 +24,7 @@ pub use pull::Pull;
 pub use round_robin::RoundRobin;
 pub use threshold::Threshold;
 
+use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
 use crate::engine::EngineKind;
 use crate::error::Result;
@@ -172,6 +174,24 @@ pub trait Schedule: Send + Sync {
 ///
 /// Policies added elsewhere in this module register here.
 pub fn by_name(name: &str) -> Result<Box<dyn Policy>> {
+    by_name_with(name, None)
+}
+
+/// Whether the policy named `name` starts from a calibration when given one
+/// ([`by_name_with`]): callers read the store only for those.
+pub fn uses_calibration(name: &str) -> bool {
+    matches!(name, "threshold" | "adaptive")
+}
+
+/// Parses a policy name as [`by_name`] does, giving the policies that use one the
+/// calibration of this machine: `threshold` splits at its crossovers and `adaptive`
+/// starts from its costs (both still learn what it lacks).
+pub fn by_name_with(name: &str, calibration: Option<&Arc<Calibration>>) -> Result<Box<dyn Policy>> {
+    match (name, calibration) {
+        ("threshold", Some(cal)) => return Ok(Box::new(Threshold::calibrated(Arc::clone(cal)))),
+        ("adaptive", Some(cal)) => return Ok(Box::new(Adaptive::seeded(Arc::clone(cal)))),
+        _ => {}
+    }
     if let Some(engine) = name.strip_prefix("only:") {
         return Ok(Box::new(Only::new(engine)));
     }

@@ -1,11 +1,14 @@
 //! `threshold`: small jobs to the CPU, large jobs to the other engine(s) — the size split
 //! of Intel's QAT_Engine (`SET_*_THRESHOLD`) and DPDK's packet-size scheduler.
 //!
-//! Two ways to get the threshold, both from measurement:
-//! - [`calibrate`] runs short probe batches of each size on each engine alone
-//!   (`only:<engine>`) before the work starts and returns the crossover size; the caller
-//!   then uses [`Threshold::fixed`] (`threshold:<bytes>` on the command line);
-//! - [`Threshold::calibrating`] (`threshold` on the command line) measures during the
+//! Three ways to get the threshold, all from measurement:
+//! - [`Threshold::calibrated`] (`threshold` when a calibration store holds for this
+//!   machine) splits each cipher and direction at the crossover `hetcrypt calibrate`
+//!   stored ([`Calibration::crossover`]), from the first job on; a class the store
+//!   does not know is learned as below;
+//! - [`Threshold::fixed`] (`threshold:<bytes>` on the command line) takes it from the
+//!   caller;
+//! - [`Threshold::calibrating`] (`threshold` without a store) measures during the
 //!   work itself: jobs of a class (cipher, direction, log2 size bucket) that it has not
 //!   measured on both sides yet are shared by all engines as under `pull`, with per-job
 //!   timings; once both sides have estimates (kept in the policy value, across batches),
@@ -20,12 +23,10 @@ use std::time::Duration;
 use super::adaptive::model::{self, Estimate, SharedEstimate};
 use super::queue::{live_engines, GroupedQueue};
 use super::{EngineMask, Plan, Policy, Schedule};
+use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
-use crate::dispatch::Dispatcher;
 use crate::engine::EngineKind;
-use crate::error::{Error, Result};
-use crate::job::Job;
-use crate::key::Key;
+use crate::error::Result;
 
 /// Estimates across batches: engine name and lane count, cipher, direction, size bucket.
 type ModelKey = (String, usize, Cipher, Direction, usize);
@@ -38,10 +39,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Where the threshold comes from.
 #[derive(Clone, Debug)]
 enum Source {
-    /// Set by the caller (from [`calibrate`] or by hand).
+    /// Set by the caller.
     Fixed(usize),
-    /// Learned from the batches' own timings.
-    Calibrating(Arc<Mutex<HashMap<ModelKey, Estimate>>>),
+    /// From the calibration store where it knows the class, else learned from the
+    /// batches' own timings.
+    Calibrating(
+        Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+        Option<Arc<Calibration>>,
+    ),
 }
 
 /// Jobs shorter than the threshold go to the `cpu`-kind engine, the others to the other
@@ -64,7 +69,17 @@ impl Threshold {
     /// documentation. Clones share what was learned.
     pub fn calibrating() -> Self {
         Threshold {
-            source: Source::Calibrating(Arc::default()),
+            source: Source::Calibrating(Arc::default(), None),
+        }
+    }
+
+    /// A threshold per cipher and direction at the crossover `calibration` stored
+    /// between the `cpu`-kind engine and the others (the smallest, with several), used
+    /// from the first job; classes it does not know are learned as by
+    /// [`Threshold::calibrating`]. Clones share what was learned.
+    pub fn calibrated(calibration: Arc<Calibration>) -> Self {
+        Threshold {
+            source: Source::Calibrating(Arc::default(), Some(calibration)),
         }
     }
 
@@ -72,7 +87,7 @@ impl Threshold {
     pub fn bytes(&self) -> Option<usize> {
         match self.source {
             Source::Fixed(n) => Some(n),
-            Source::Calibrating(_) => None,
+            Source::Calibrating(..) => None,
         }
     }
 }
@@ -81,7 +96,7 @@ impl Policy for Threshold {
     fn name(&self) -> String {
         match self.source {
             Source::Fixed(n) => format!("threshold:{n}"),
-            Source::Calibrating(_) => "threshold".to_string(),
+            Source::Calibrating(..) => "threshold".to_string(),
         }
     }
 
@@ -110,8 +125,9 @@ impl Policy for Threshold {
                     GroupedQueue::from_masks((0..plan.jobs.len()).map(|i| place(i, *threshold)));
                 Ok(Box::new(Split::fixed(queue, plan)))
             }
-            Source::Calibrating(learned) => {
-                let learning = Learning::new(plan, small, large, Arc::clone(learned));
+            Source::Calibrating(learned, stored) => {
+                let learning =
+                    Learning::new(plan, small, large, Arc::clone(learned), stored.as_deref());
                 let queue = GroupedQueue::from_masks((0..plan.jobs.len()).map(|i| {
                     match learning.threshold_for(i) {
                         Some(threshold) => place(i, threshold),
@@ -165,183 +181,6 @@ pub fn crossover(points: &[(usize, f64, f64)]) -> usize {
     }
 }
 
-/// Job sizes [`calibrate`] measures: 16 B to 64 KiB in steps of 4x, around the 1.5-2 KiB
-/// crossover the seeds found and past the 16 KiB chunks of the file format.
-pub const PROBE_SIZES: [usize; 7] = [16, 64, 256, 1024, 4096, 16 * 1024, 64 * 1024];
-
-/// Bytes per probe batch: 1 MiB keeps a batch to tens of milliseconds even on the
-/// guest's ~45 MB/s device, yet long against a clock read.
-const PROBE_BYTES: usize = 1 << 20;
-
-/// Jobs per probe batch, at least: enough jobs that per-request overhead, the thing the
-/// crossover is about, dominates a small-size batch.
-const PROBE_MIN_JOBS: usize = 32;
-
-/// Jobs per probe batch, at most: 256 requests of ~180 µs (the guest device's floor)
-/// take ~50 ms.
-const PROBE_MAX_JOBS: usize = 256;
-
-/// Timed runs per engine and size; the median is kept (the first run also pays for key
-/// setup on each lane).
-const PROBE_REPEATS: usize = 3;
-
-/// One measured size of a [`Calibration`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct CalibrationPoint {
-    /// Job length in bytes.
-    pub len: usize,
-    /// Throughput of the small side (`cpu`) alone, bytes per second.
-    pub small: f64,
-    /// Throughput of the best other engine alone, bytes per second.
-    pub large: f64,
-}
-
-/// What [`calibrate`] measured and the threshold it chose.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Calibration {
-    /// Jobs shorter than this go to the CPU (0: none do; `usize::MAX`: all do).
-    pub threshold: usize,
-    /// The small side's engine.
-    pub small: String,
-    /// The other engines compared with it.
-    pub large: Vec<String>,
-    /// Per probe size.
-    pub points: Vec<CalibrationPoint>,
-}
-
-impl Calibration {
-    /// The policy this calibration calls for.
-    pub fn policy(&self) -> Threshold {
-        Threshold::fixed(self.threshold)
-    }
-}
-
-/// Measures `cipher` in `direction` at each of [`PROBE_SIZES`] on the `cpu`-kind engine
-/// alone and on each other engine alone (`only:<engine>`, median of a few short
-/// batches), and returns the size from which the best other engine is at least as fast
-/// as the CPU (see [`crossover`]).
-///
-/// Registers one random key with the dispatcher for the probe jobs. Fails if the
-/// dispatcher has no working `cpu`-kind engine and another working engine that runs the
-/// cipher, or if an engine fails or a probe job errs.
-pub fn calibrate(
-    dispatcher: &Dispatcher,
-    cipher: Cipher,
-    direction: Direction,
-) -> Result<Calibration> {
-    let failed: Vec<String> = dispatcher
-        .failed_engines()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    let usable: Vec<(String, EngineKind)> = dispatcher
-        .engines()
-        .iter()
-        .filter(|e| !failed.iter().any(|f| f == e.name()) && e.supports(cipher, direction))
-        .map(|e| (e.name().to_string(), e.info().kind))
-        .collect();
-    let small = usable
-        .iter()
-        .find(|(_, k)| *k == EngineKind::Cpu)
-        .map(|(n, _)| n.clone());
-    let large: Vec<String> = usable
-        .iter()
-        .map(|(n, _)| n.clone())
-        .filter(|n| Some(n) != small.as_ref())
-        .collect();
-    let (Some(small), false) = (small, large.is_empty()) else {
-        return Err(Error::Policy {
-            policy: "threshold".to_string(),
-            reason: format!(
-                "calibration needs a working cpu engine and another working engine that runs {cipher} {direction}"
-            ),
-        });
-    };
-    let mut key = vec![0u8; cipher.key_len()];
-    openssl::rand::rand_bytes(&mut key)?;
-    let key = dispatcher.add_key(Key::new(key))?;
-    // The probe key is removed whatever happens, so it does not outlive the
-    // calibration in the dispatcher's key store.
-    let measured = (|| -> Result<Vec<CalibrationPoint>> {
-        let iv = vec![0u8; cipher.iv_len()];
-        let mut points = Vec::new();
-        for len in PROBE_SIZES {
-            let n = (PROBE_BYTES / len).clamp(PROBE_MIN_JOBS, PROBE_MAX_JOBS);
-            let plain: Vec<Job> = (0..n)
-                .map(|_| Job::with_iv(cipher, Direction::Encrypt, key, &iv, vec![0u8; len]))
-                .collect::<Result<_>>()?;
-            let jobs = match direction {
-                Direction::Encrypt => plain,
-                // Decryption needs real ciphertext (and tags): seal the probes first.
-                Direction::Decrypt => {
-                    let sealed = timed_run(dispatcher, &plain, &small)?.1;
-                    plain
-                        .iter()
-                        .zip(sealed)
-                        .map(|(job, out)| {
-                            let mut dec =
-                                Job::with_iv(cipher, Direction::Decrypt, key, job.iv(), out.data)?;
-                            dec.tag = out.tag;
-                            Ok(dec)
-                        })
-                        .collect::<Result<_>>()?
-                }
-            };
-            let bytes = (n * len) as f64;
-            let throughput = |engine: &str| -> Result<f64> {
-                let mut walls = Vec::with_capacity(PROBE_REPEATS);
-                for _ in 0..PROBE_REPEATS {
-                    walls.push(timed_run(dispatcher, &jobs, engine)?.0);
-                }
-                walls.sort();
-                let median = walls[PROBE_REPEATS / 2].as_secs_f64();
-                Ok(if median > 0.0 {
-                    bytes / median
-                } else {
-                    f64::INFINITY
-                })
-            };
-            let small_rate = throughput(&small)?;
-            let mut large_rate: f64 = 0.0;
-            for engine in &large {
-                large_rate = large_rate.max(throughput(engine)?);
-            }
-            points.push(CalibrationPoint {
-                len,
-                small: small_rate,
-                large: large_rate,
-            });
-        }
-        Ok(points)
-    })();
-    dispatcher.remove_key(key)?;
-    let points = measured?;
-    let rates: Vec<(usize, f64, f64)> = points.iter().map(|p| (p.len, p.small, p.large)).collect();
-    Ok(Calibration {
-        threshold: crossover(&rates),
-        small,
-        large,
-        points,
-    })
-}
-
-/// Runs `jobs` on `engine` alone; its wall time and outputs, or the first failure.
-fn timed_run(
-    dispatcher: &Dispatcher,
-    jobs: &[Job],
-    engine: &str,
-) -> Result<(Duration, Vec<crate::job::JobOutput>)> {
-    let batch = dispatcher.run(jobs, &super::Only::new(engine))?;
-    if let Some(reason) = batch.report.engine(engine).and_then(|e| e.failed.clone()) {
-        return Err(Error::EngineFailed {
-            engine: engine.to_string(),
-            reason,
-        });
-    }
-    let outputs = batch.outputs.into_iter().collect::<Result<Vec<_>>>()?;
-    Ok((batch.report.wall, outputs))
-}
-
 /// One size for [`crossover`]: smallest job length of the size bucket, jobs per second
 /// of the small side, jobs per second of the large side.
 type RatePoint = (usize, f64, f64);
@@ -370,6 +209,7 @@ impl Learning {
         small: usize,
         large: EngineMask,
         learned: Arc<Mutex<HashMap<ModelKey, Estimate>>>,
+        calibration: Option<&Calibration>,
     ) -> Self {
         let names: Vec<(String, usize)> = plan
             .engines
@@ -449,6 +289,16 @@ impl Learning {
                 (k, (crossover(&p), known))
             })
             .collect();
+        // Per (cipher, direction) the store knows: the smallest crossover from the small
+        // side to a large engine.
+        let from_store = |c: Cipher, d: Direction| -> Option<usize> {
+            let calibration = calibration?;
+            let small = &plan.engines[small].name;
+            (0..plan.engines.len())
+                .filter(|&e| large.contains(e))
+                .filter_map(|e| calibration.crossover(c, d, small, &plan.engines[e].name))
+                .min()
+        };
         // Per key: the threshold, or `None` while the key is still being measured. With
         // a single engine there is nothing to measure: every job goes to it.
         let key_threshold: Vec<Option<usize>> = keys
@@ -456,6 +306,9 @@ impl Learning {
             .map(|&(c, d, b)| {
                 if large.contains(small) {
                     return Some(0);
+                }
+                if let Some(threshold) = from_store(c, d) {
+                    return Some(threshold);
                 }
                 let (threshold, known) = thresholds.get(&(c, d))?;
                 known.contains(&b).then_some(*threshold)
@@ -633,6 +486,58 @@ mod tests {
         };
         let s = Threshold::fixed(1024).plan(&plan).unwrap();
         assert_eq!(taken(s.as_ref(), 0), [0, 1, 2]);
+    }
+
+    /// A threshold given a stored calibration splits the very first batch at the stored
+    /// crossover, measuring nothing; a class the store does not know is still measured.
+    #[test]
+    fn calibrated_threshold_routes_the_first_jobs_by_the_stored_crossover() {
+        let (engines, lanes) = (engines(), lanes());
+        // AES-128-CBC encryption: the cpu at 1 us + 10 ns/B, the module at 200 us +
+        // 1 ns/B, crossing at ~22,100 bytes.
+        let cal = Arc::new(crate::calibration::tests::cpu_and_module());
+        let jobs = [
+            job(64, 3),
+            job(65536, 3),
+            job(16384, 3),
+            job(32768, 3),
+            job(22000, 3),
+        ];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let policy = Threshold::calibrated(Arc::clone(&cal));
+        assert_eq!(policy.name(), "threshold");
+        let s = policy.plan(&plan).unwrap();
+        assert!(!s.wants_timing(), "the store knows the class");
+        assert_eq!(taken(s.as_ref(), 0), [0, 2, 4]);
+        assert_eq!(taken(s.as_ref(), 1), [1, 3]);
+        // Padded CBC is answered from raw CBC.
+        let padded: Vec<JobMeta> = jobs
+            .iter()
+            .map(|j| JobMeta {
+                cipher: Cipher::AES_128_CBC_PKCS7,
+                ..*j
+            })
+            .collect();
+        let s = policy
+            .plan(&Plan {
+                jobs: &padded,
+                ..plan
+            })
+            .unwrap();
+        assert!(!s.wants_timing());
+        assert_eq!(taken(s.as_ref(), 1), [1, 3]);
+        // GCM is not in the store: measured as without one, every engine may take it.
+        let gcm = [JobMeta {
+            cipher: Cipher::AES_128_GCM,
+            ..job(65536, 3)
+        }];
+        let s = policy.plan(&Plan { jobs: &gcm, ..plan }).unwrap();
+        assert!(s.wants_timing());
     }
 
     #[test]

@@ -443,6 +443,20 @@ pub struct Gain {
 }
 
 impl Gain {
+    /// A gain measured beforehand (the calibration store runs the engines side by
+    /// side), counted as [`GAIN_SAMPLES`] agreeing batches: it decides the cost rule at
+    /// once, with no trial jobs, and the batches' own gains move it from then on.
+    pub fn seeded(gain: f64) -> Self {
+        let gain = gain.min(GAIN_CAP);
+        Gain {
+            mean: gain,
+            square: gain * gain,
+            samples: GAIN_SAMPLES,
+            mixing: gain >= MIX_GAIN,
+            last: gain,
+        }
+    }
+
     /// Adds one batch's measured gain (at most [`GAIN_CAP`]): a plain mean of the
     /// first few, then a moving average over about [`GAIN_WINDOW`] batches; then decides
     /// again whether to mix.
@@ -503,6 +517,23 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// An estimate that starts from a cost measured beforehand (the calibration store,
+    /// the median of dozens to thousands of undisturbed requests) as if from [`WINDOW`]
+    /// samples: usable at once and settled, so it is not re-measured as soon as a young
+    /// estimate of two probes is (see [`reprobe_ratio`]; seeded at two samples, the
+    /// module re-measured 256-byte jobs alone in the soft testbed's first batches, the
+    /// CPU waiting, and short runs lost up to a quarter to it), while the run's own
+    /// samples move it as any settled estimate (1/[`WINDOW`] each, at least half for
+    /// one far below it), so a machine that changed since is noticed within a few
+    /// dozen jobs.
+    pub fn seeded(wall: f64, cpu: f64) -> Self {
+        Estimate {
+            wall,
+            cpu,
+            samples: WINDOW,
+        }
+    }
+
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
     /// the last [`WINDOW`] samples.
     pub fn observe(&mut self, wall: f64, cpu: f64) {
