@@ -25,15 +25,19 @@ pub struct Config {
     pub threshold: Option<usize>,
     /// Where to write the one-line summary at unload (`-`: standard error).
     pub stats: Option<String>,
+    /// The calibration store to read (else the library's default place, or
+    /// `HETCRYPT_CALIBRATION`).
+    pub calibration: Option<String>,
 }
 
 /// The openssl.cnf keys we read, in [`Config::from_values`] order, and the
 /// environment variables that override each.
-pub const CONFIG_KEYS: [(&std::ffi::CStr, &str); 4] = [
+pub const CONFIG_KEYS: [(&std::ffi::CStr, &str); 5] = [
     (c"engines", "HETCRYPT_PROVIDER_ENGINES"),
     (c"policy", "HETCRYPT_PROVIDER_POLICY"),
     (c"threshold", "HETCRYPT_PROVIDER_THRESHOLD"),
     (c"stats", "HETCRYPT_PROVIDER_STATS"),
+    (c"calibration", hetcrypt::calibration::ENV_PATH),
 ];
 
 impl Config {
@@ -73,6 +77,7 @@ impl Config {
             mode,
             threshold,
             stats: value(3).filter(|s| !s.is_empty()),
+            calibration: value(4).filter(|s| !s.is_empty()),
         })
     }
 }
@@ -244,6 +249,8 @@ pub struct Router {
     pub module: Option<Module>,
     /// Why there is no module (for the status parameters), if there is none.
     pub no_module: Option<String>,
+    /// What the calibration store gave: the path it was read from, or why not.
+    pub calibration: String,
     calls: CallRouter,
     /// In-line (CPU) calls.
     pub cpu: Counter,
@@ -251,6 +258,51 @@ pub struct Router {
     pub module_counter: Counter,
     /// Calls that failed on the module and completed on the CPU.
     pub failovers: AtomicU64,
+}
+
+/// Starts the router from the calibration store, where one exists for this machine:
+/// per offered cipher, direction and size class, the stored cost of one request on the
+/// module (the in-line path, OpenSSL's default provider, is measured on its first
+/// call: the store's `cpu` engine may run another implementation). Returns what
+/// happened, in words.
+fn seed(calls: &CallRouter, module: &Module, path: Option<&str>) -> String {
+    use hetcrypt::calibration::{load_store, Fingerprint};
+    let (path, loaded) = load_store(path.map(std::path::Path::new), &Fingerprint::current());
+    let warning = loaded.warning(&path);
+    let Some(cal) = loaded.calibration() else {
+        return match warning {
+            Some(w) => format!("ignored: {w}"),
+            None => format!("none at {} (measuring online)", path.display()),
+        };
+    };
+    let mut seeded = 0;
+    for (alg, (_, cipher)) in OFFERED.iter().enumerate() {
+        for (encrypt, direction) in [(true, Direction::Encrypt), (false, Direction::Decrypt)] {
+            if !module.takes(alg, encrypt) {
+                continue;
+            }
+            for len in CallRouter::class_lengths() {
+                if let Some(m) = cal.cost(&module.name, *cipher, direction, len) {
+                    let site = CallSite {
+                        cipher: alg,
+                        encrypt,
+                        len,
+                    };
+                    calls.seed_module(site, m.as_nanos() as u64);
+                    seeded += 1;
+                }
+            }
+        }
+    }
+    if seeded == 0 {
+        format!(
+            "{} has no costs for {} (measuring online)",
+            path.display(),
+            module.name
+        )
+    } else {
+        format!("{} ({seeded} call sites seeded)", path.display())
+    }
 }
 
 /// One call's destination.
@@ -293,10 +345,16 @@ impl Router {
             },
         };
         let lanes = module.as_ref().map_or(0, |m| m.lanes.len());
+        let calls = CallRouter::new(config.mode, OFFERED.len(), lanes, config.threshold);
+        let calibration = match module.as_ref() {
+            Some(m) => seed(&calls, m, config.calibration.as_deref()),
+            None => "not needed (no module)".to_string(),
+        };
         Router {
-            calls: CallRouter::new(config.mode, OFFERED.len(), lanes, config.threshold),
+            calls,
             module,
             no_module,
+            calibration,
             cpu: Counter::default(),
             module_counter: Counter::default(),
             failovers: AtomicU64::new(0),
@@ -450,9 +508,10 @@ impl Router {
             (None, None) => "no module".into(),
         };
         format!(
-            "hetcrypt provider: policy {}; cpu (in-line): {cc} calls, {cb} bytes; {module}; fail-overs {}",
+            "hetcrypt provider: policy {}; cpu (in-line): {cc} calls, {cb} bytes; {module}; fail-overs {}; calibration {}",
             mode.name(),
-            self.failovers.load(Ordering::Relaxed)
+            self.failovers.load(Ordering::Relaxed),
+            self.calibration
         )
     }
 }

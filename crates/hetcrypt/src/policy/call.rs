@@ -133,9 +133,18 @@ fn class(len: usize) -> usize {
     ((usize::BITS - len.leading_zeros()) as usize).min(CLASSES - 1)
 }
 
+/// A sample counts at most this many times the current average: one call stalled by
+/// the host (a descheduled device thread took 20 ms once in the guest, against a
+/// steady 0.24 ms) must not swing a site over to the other engine for thousands of
+/// calls; a real slowdown still shows within a few dozen samples.
+const OUTLIER_CAP: u64 = 2;
+
 fn fold(slot: &AtomicU64, ns: u64) {
-    let ns = ns.max(1);
     let old = slot.load(Ordering::Relaxed);
+    let ns = match old {
+        0 => ns.max(1),
+        _ => ns.clamp(1, old.saturating_mul(OUTLIER_CAP)),
+    };
     let new = if old == 0 {
         ns
     } else if ns < old {
@@ -248,6 +257,22 @@ impl CallRouter {
                 Some((site / 2, site.is_multiple_of(2), len, cpu, module))
             })
             .collect()
+    }
+
+    /// Starts a call site from the module's stored cost (the calibration store), so
+    /// that no call pays for trying the module where it is hopeless. The in-line cost
+    /// is still measured on the first call: it is free to measure, and the store's
+    /// `cpu` engine may not be what the caller runs in-line.
+    pub fn seed_module(&self, site: CallSite, module_ns: u64) {
+        self.estimate(site)
+            .module
+            .store(module_ns.max(1), Ordering::Relaxed);
+    }
+
+    /// The smallest call length of each size class: what a caller seeding the router
+    /// asks its store about.
+    pub fn class_lengths() -> impl Iterator<Item = usize> {
+        (1..CLASSES).map(|c| 1usize << (c - 1))
     }
 
     /// Reports a timed in-line call.
@@ -384,6 +409,43 @@ mod tests {
         }
         // The steady cost decides: the module is cheaper here.
         assert!(module_share(&r, 256, 64) >= 60);
+    }
+
+    #[test]
+    fn a_seeded_module_cost_decides_right_after_the_first_in_line_call() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        r.seed_module(site(16384), 250_000);
+        r.seed_module(site(64), 160_000);
+        // One in-line call measures the CPU; no burst of trial calls on the module.
+        assert_eq!(r.route(site(16384)), Route::Cpu { timed: true });
+        r.observe_cpu(site(16384), 1_900_000);
+        assert_eq!(r.route(site(16384)), Route::Module);
+        assert_eq!(r.route(site(64)), Route::Cpu { timed: true });
+        r.observe_cpu(site(64), 7_000);
+        assert_eq!(
+            module_share(&r, 64, 200),
+            0,
+            "the stored cost rules the module out"
+        );
+    }
+
+    #[test]
+    fn one_stalled_call_does_not_move_a_site_but_a_lasting_slowdown_does() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        r.observe_cpu(site(16384), 1_900_000);
+        r.observe_module(site(16384), 240_000);
+        r.observe_module(site(16384), 20_000_000);
+        assert!(
+            module_share(&r, 16384, 64) >= 60,
+            "one stall moved the site"
+        );
+        for _ in 0..40 {
+            r.observe_module(site(16384), 20_000_000);
+        }
+        assert!(
+            module_share(&r, 16384, 256) <= 2 * BURST,
+            "a lasting slowdown was not followed"
+        );
     }
 
     #[test]
