@@ -1,0 +1,155 @@
+#!/bin/sh
+# guest.sh (in the testbed guest, run by scripts/bench-https): seed 004's experiment
+# on an unmodified nginx. For each OpenSSL configuration (openssl.cnf only, the same
+# nginx.conf throughout):
+#   default   the default provider;
+#   module    the hetcrypt provider with every call the module can take on the module;
+#   balanced  the hetcrypt provider's own policy;
+# and each TLS suite, body size and connection mode, wrk loads nginx on loopback for
+# DURATION seconds; perf (software clock) samples the whole guest meanwhile.
+# Prints machine-readable lines:
+#   RUN <cfg> <suite> <size> <mode> <requests/s> <bytes/s> <p50 ms> <p99 ms> <errors>
+#   SHARE <cfg> <suite> <size> <mode> <dso>=<percent> ...   (perf, nginx's samples)
+#   STATS <cfg> <summary line of the provider in nginx's worker>
+#   BODY <cfg> <suite> ok|bad
+# Environment: CONFIGS, SUITES (tls12-cbc tls12-gcm tls13), SIZES (1k 16k 1m), MODES
+# (keepalive close), DURATION (s), CONNS, PERF (1 to sample).
+CONFIGS=${CONFIGS:-default module balanced}
+SUITES=${SUITES:-tls12-cbc tls12-gcm tls13}
+SIZES=${SIZES:-1k 16k 1m}
+MODES=${MODES:-keepalive close}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-4}
+PERF=${PERF:-1}
+BIN=/opt/hetcrypt/bin
+W=/tmp/https
+PORT=8443
+# The guest's init leaves the loopback interface down.
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+mkdir -p "$W/www" "$W/logs"
+head -c 1024 /dev/urandom >"$W/www/1k"
+head -c 16384 /dev/urandom >"$W/www/16k"
+head -c 1048576 /dev/urandom >"$W/www/1m"
+cp "$BIN/https-cert/cert.pem" "$BIN/https-cert/key.pem" "$W/"
+
+cnf() { # cfg -> openssl.cnf for nginx
+	if [ "$1" = default ]; then
+		cat <<CNF
+openssl_conf = openssl_init
+[openssl_init]
+providers = provider_sect
+[provider_sect]
+default = default_sect
+[default_sect]
+activate = 1
+CNF
+		return
+	fi
+	policy=balanced
+	[ "$1" = module ] && policy=module
+	cat <<CNF
+openssl_conf = openssl_init
+[openssl_init]
+providers = provider_sect
+alg_section = algorithm_sect
+[provider_sect]
+default = default_sect
+hetcrypt = hetcrypt_sect
+[default_sect]
+activate = 1
+[hetcrypt_sect]
+module = $BIN/hetcrypt.so
+activate = 1
+policy = $policy
+stats = $W/stats
+[algorithm_sect]
+default_properties = ?provider=hetcrypt
+CNF
+}
+
+nginx_conf() { # suite -> nginx.conf
+	case $1 in
+	tls12-cbc) proto=TLSv1.2 ciphers=ECDHE-RSA-AES128-SHA256 ;;
+	tls12-gcm) proto=TLSv1.2 ciphers=ECDHE-RSA-AES128-GCM-SHA256 ;;
+	tls13) proto=TLSv1.3 ciphers=DEFAULT ;;
+	esac
+	cat <<CONF
+user root;
+worker_processes 1;
+pid $W/nginx.pid;
+error_log $W/logs/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    client_body_temp_path $W/body;
+    proxy_temp_path $W/proxy;
+    fastcgi_temp_path $W/fastcgi;
+    uwsgi_temp_path $W/uwsgi;
+    scgi_temp_path $W/scgi;
+    keepalive_requests 100000;
+    server {
+        listen 127.0.0.1:$PORT ssl;
+        ssl_certificate $W/cert.pem;
+        ssl_certificate_key $W/key.pem;
+        ssl_protocols $proto;
+        ssl_ciphers $ciphers;
+        ssl_conf_command Ciphersuites TLS_AES_128_GCM_SHA256;
+        ssl_session_cache off;
+        ssl_session_tickets off;
+        root $W/www;
+    }
+}
+CONF
+}
+
+for cfg in $CONFIGS; do
+	cnf "$cfg" >"$W/openssl-$cfg.cnf"
+	for suite in $SUITES; do
+		nginx_conf "$suite" >"$W/nginx.conf"
+		rm -f "$W/stats"
+		if ! OPENSSL_CONF=$W/openssl-$cfg.cnf nginx -c "$W/nginx.conf"; then
+			echo "ERROR $cfg $suite nginx did not start"; cat "$W/logs/error.log"; continue
+		fi
+		sleep 1
+		# One body fetched through the server's TLS and compared (the client is the
+		# default provider: the server side is what is under test).
+		printf 'GET /16k HTTP/1.0\r\nHost: x\r\n\r\n' |
+			OPENSSL_CONF=/dev/null openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof 2>/dev/null >"$W/got"
+		# The body is the last 16384 bytes after the header.
+		tail -c 16384 "$W/got" >"$W/got.body"
+		if cmp -s "$W/got.body" "$W/www/16k"; then echo "BODY $cfg $suite ok"; else echo "BODY $cfg $suite bad"; fi
+		for size in $SIZES; do
+			for mode in $MODES; do
+				hdr=""
+				[ "$mode" = close ] && hdr="Connection: close"
+				if [ "$PERF" = 1 ]; then
+					perf record -q -F 499 -e cpu-clock -a -o "$W/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
+					perf_pid=$!
+				fi
+				if [ -n "$hdr" ]; then
+					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -H "$hdr" "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
+				else
+					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
+				fi
+				[ "$PERF" = 1 ] && wait "$perf_pid"
+				awk -v cfg="$cfg" -v suite="$suite" -v size="$size" -v mode="$mode" '
+					function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+					function bytes(v) { n = v + 0; if (v ~ /KB$/) n *= 1024; if (v ~ /MB$/) n *= 1048576; if (v ~ /GB$/) n *= 1073741824; return n }
+					/^ +50%/ { p50 = ms($2) } /^ +99%/ { p99 = ms($2) }
+					/^Requests\/sec:/ { rps = $2 } /^Transfer\/sec:/ { bps = bytes($2) }
+					/Socket errors:/ { for (i = 3; i <= NF; i++) { gsub(",", "", $i); if ($i ~ /^[0-9]+$/) err += $i } }
+					/Non-2xx/ { err += $NF }
+					END { printf "RUN %s %s %s %s %s %d %.3f %.3f %d\n", cfg, suite, size, mode, rps, bps, p50, p99, err + 0 }' "$W/wrk.out"
+				if [ "$PERF" = 1 ]; then
+					perf report -q -i "$W/perf.data" --comm nginx --sort dso --stdio 2>/dev/null |
+						awk -v k="$cfg $suite $size $mode" 'NF >= 2 && $1 ~ /%$/ { sub("%", "", $1); s = s " " $2 "=" $1 } END { print "SHARE " k s }'
+				fi
+			done
+		done
+		nginx -c "$W/nginx.conf" -s quit
+		for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$W/nginx.pid" ] || break; sleep 0.5; done
+		# One line per process that had the provider loaded (master and worker).
+		[ -s "$W/stats" ] && sed "s/^/STATS $cfg $suite /" "$W/stats"
+	done
+done
+echo "https: done"
