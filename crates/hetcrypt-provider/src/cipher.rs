@@ -263,7 +263,6 @@ impl Ctx {
             // before, so the call can still run in-line from the original input.
             if let Some(v) = &saved {
                 output[..inl].copy_from_slice(&v[..inl]);
-                return Err(false);
             }
             return Err(false);
         }

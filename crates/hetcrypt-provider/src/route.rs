@@ -180,7 +180,7 @@ impl Module {
     /// Drops a context's key, and every lane's state for it.
     pub fn remove_key(&self, id: KeyId) {
         let _ = self.keys.remove(id);
-        for (index, lane) in self.lanes.iter().enumerate() {
+        for lane in &self.lanes {
             let mut slot = lane.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(l) = slot.as_mut() {
                 if !l.forget_keys(&[id]) {
@@ -188,7 +188,6 @@ impl Module {
                     *slot = None;
                 }
             }
-            let _ = index;
         }
     }
 
@@ -344,8 +343,7 @@ impl Router {
                 Err(e) => (None, Some(format!("{name} unavailable: {e}"))),
             },
         };
-        let lanes = module.as_ref().map_or(0, |m| m.lanes.len());
-        let calls = CallRouter::new(config.mode, OFFERED.len(), lanes, config.threshold);
+        let calls = CallRouter::new(config.mode, OFFERED.len(), config.threshold);
         let calibration = match module.as_ref() {
             Some(m) => seed(&calls, m, config.calibration.as_deref()),
             None => "not needed (no module)".to_string(),

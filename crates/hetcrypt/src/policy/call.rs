@@ -159,7 +159,7 @@ impl CallRouter {
     /// A router for `ciphers` cipher indices. `threshold`: before the module's cost
     /// at a size is known, calls of at least this many bytes try it first (and
     /// smaller ones only now and then); `None` tries it once at every size.
-    pub fn new(mode: RouterMode, ciphers: usize, _lanes: usize, threshold: Option<usize>) -> Self {
+    pub fn new(mode: RouterMode, ciphers: usize, threshold: Option<usize>) -> Self {
         CallRouter {
             mode,
             ciphers,
@@ -307,17 +307,17 @@ mod tests {
 
     #[test]
     fn fixed_modes_never_look_at_costs() {
-        let cpu = CallRouter::new(RouterMode::Cpu, 1, 1, None);
+        let cpu = CallRouter::new(RouterMode::Cpu, 1, None);
         cpu.observe_module(site(16384), 1);
         assert_eq!(cpu.route(site(16384)), Route::Cpu { timed: false });
-        let module = CallRouter::new(RouterMode::Module, 1, 1, None);
+        let module = CallRouter::new(RouterMode::Module, 1, None);
         module.observe_cpu(site(16), 1);
         assert_eq!(module.route(site(16)), Route::Module);
     }
 
     #[test]
     fn the_cpu_is_measured_first_then_the_module_is_tried() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         assert_eq!(r.route(site(4096)), Route::Cpu { timed: true });
         r.observe_cpu(site(4096), 10_000);
         assert_eq!(
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn each_size_goes_where_it_was_measured_cheaper() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         // The seeds' shape: the CPU wins small calls, the module large ones.
         r.observe_cpu(site(16), 2_000);
         r.observe_module(site(16), 180_000);
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn checks_of_a_far_slower_engine_cost_a_bounded_share_of_the_time() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.observe_cpu(site(16), 1_600);
         r.observe_module(site(16), 200_000);
         let n = 1 << 18;
@@ -361,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_module_only_somewhat_cheaper_is_used_only_when_a_lane_is_free() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.observe_cpu(site(2048), 150_000);
         r.observe_module(site(2048), 100_000);
         assert!((0..1024).all(|_| r.route(site(2048)) != Route::Module));
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_change_of_the_machine_is_noticed() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.observe_cpu(site(8192), 1_000_000);
         r.observe_module(site(8192), 200_000);
         assert!(module_share(&r, 8192, 256) > 200);
@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn a_threshold_steers_the_first_calls_before_anything_is_measured_on_the_module() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, Some(1024));
+        let r = CallRouter::new(RouterMode::Balanced, 1, Some(1024));
         r.observe_cpu(site(64), 1_000);
         r.observe_cpu(site(4096), 60_000);
         assert!(module_share(&r, 64, 512) <= (512 / RECHECK_EVERY + 1) * BURST);
@@ -395,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_check_of_the_module_is_a_burst_so_its_wake_up_does_not_decide() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.observe_cpu(site(256), 32_000);
         assert_eq!(r.route(site(256)), Route::ModuleIfFree { else_timed: true });
         // The first call after an idle spell is slow, the next ones are steady.
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_seeded_module_cost_decides_right_after_the_first_in_line_call() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.seed_module(site(16384), 250_000);
         r.seed_module(site(64), 160_000);
         // One in-line call measures the CPU; no burst of trial calls on the module.
@@ -431,7 +431,7 @@ mod tests {
 
     #[test]
     fn one_stalled_call_does_not_move_a_site_but_a_lasting_slowdown_does() {
-        let r = CallRouter::new(RouterMode::Balanced, 1, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.observe_cpu(site(16384), 1_900_000);
         r.observe_module(site(16384), 240_000);
         r.observe_module(site(16384), 20_000_000);
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn directions_and_ciphers_keep_separate_estimates() {
-        let r = CallRouter::new(RouterMode::Balanced, 2, 1, None);
+        let r = CallRouter::new(RouterMode::Balanced, 2, None);
         let enc = CallSite {
             cipher: 1,
             encrypt: true,
