@@ -2,16 +2,18 @@
 //! in C2SP chunked encryption, the chunks of every file in flight spread over every
 //! engine (see docs/format.md).
 //!
-//! Never loses data: outputs are written beside their destination and renamed into
-//! place only when complete (decrypted: fully authenticated); an existing output is
-//! replaced only with `--force`; inputs are only read. One failing file does not stop
+//! Never loses data nor leaves plaintext behind: outputs are anonymous files in their
+//! destination directory, named only when complete (decrypted: fully authenticated),
+//! never through a symbolic link (see `dest`); an existing output is replaced only
+//! with `--force`; inputs are opened without following links and only read. One failing file does not stop
 //! the others; the exit status is 1 if any failed, and the summary lists them.
 
+mod dest;
 mod io;
 mod plan;
 mod summary;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,7 +27,7 @@ use hetcrypt_format::{
 };
 use indicatif::ProgressBar;
 
-use self::io::{Input, Output};
+use self::io::{Input, Opened, Output};
 use self::plan::{Note, Way};
 use self::summary::Summary;
 use crate::keygen::read_key_file;
@@ -193,13 +195,15 @@ fn committer(
     bar: &ProgressBar,
 ) -> Committed {
     let mut done = Committed::default();
-    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut dirs: BTreeMap<PathBuf, dest::DirFd> = BTreeMap::new();
     for (name, output, bytes) in queue {
         match output.commit(force) {
             Ok(dir) => {
                 done.ok += 1;
                 done.bytes += bytes;
-                dirs.extend(dir);
+                if let Some(dir) = dir {
+                    dirs.entry(dir.path.clone()).or_insert(dir);
+                }
             }
             Err(e) => {
                 let reason = human_error(&FormatError::Io(e));
@@ -208,16 +212,13 @@ fn committer(
             }
         }
     }
-    for dir in dirs {
-        if let Err(e) = io::sync_dir(&dir) {
-            report_failure(
-                bar,
-                &plan::show(&dir),
-                &format!("cannot sync the directory: {e}"),
-            );
+    for (path, dir) in dirs {
+        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
+            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
+            report_failure(bar, &plan::show(&path), &reason);
             done.failed.push(Note {
-                path: plan::show(&dir),
-                reason: format!("cannot sync the directory: {e}"),
+                path: plan::show(&path),
+                reason,
             });
         }
     }
@@ -281,6 +282,7 @@ fn run<S: FileStream>(
     }
     let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
+    dest::remove_temporaries_on_signals().context("cannot watch for signals")?;
     let stdout_busy = plan.writes_stdout();
     let hide_bar = args.quiet || args.json || !std::io::stderr().is_terminal();
     let bar = summary::progress(if hide_bar { None } else { plan.total_size() }, hide_bar);
@@ -292,7 +294,6 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let hold_stdout = way == Way::Decrypt;
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
     let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
@@ -306,13 +307,39 @@ fn run<S: FileStream>(
         let items = std::iter::from_fn(|| loop {
             match plan.next()? {
                 plan::Entry::Work(w) => {
-                    let name = match &w.source {
-                        plan::Source::Stdin => "(standard input)".to_string(),
-                        plan::Source::File(p) => plan::show(p),
+                    let (input, name, mode) = match &w.source {
+                        plan::Source::Stdin => (
+                            Input::Stdin(std::io::stdin()),
+                            "(standard input)".into(),
+                            None,
+                        ),
+                        plan::Source::File { path, follow } => {
+                            match io::open_source(path, *follow) {
+                                Ok(Opened::File { file, mode }) => {
+                                    (Input::File(Some(file)), plan::show(path), Some(mode))
+                                }
+                                Ok(Opened::NotRegular(reason)) => {
+                                    skipped.push(Note {
+                                        path: plan::show(path),
+                                        reason,
+                                    });
+                                    continue;
+                                }
+                                Err(e) => {
+                                    let note = Note {
+                                        path: plan::show(path),
+                                        reason: format!("cannot open: {e}"),
+                                    };
+                                    report_failure(&bar, &note.path, &note.reason);
+                                    plan_failed.push(note);
+                                    continue;
+                                }
+                            }
+                        }
                     };
-                    let output = Output::new(w.dest, hold_stdout, w.mode);
+                    let output = Output::new(w.dest, mode);
                     return Some(Item {
-                        stream: make(Input::new(&w.source), output),
+                        stream: make(input, output),
                         name,
                     });
                 }
@@ -324,7 +351,7 @@ fn run<S: FileStream>(
                             path: plan::show(&dir.source),
                             reason: format!(
                                 "cannot create the directory {}: {e}",
-                                plan::show(&dir.dest)
+                                plan::show(&dir.dest.path())
                             ),
                         };
                         report_failure(&bar, &note.path, &note.reason);
@@ -350,7 +377,10 @@ fn run<S: FileStream>(
     // Children before parents, so a parent's mode cannot lock a child out.
     for dir in made_dirs.iter().rev() {
         if let Err(e) = io::set_dir_mode(&dir.dest, dir.mode) {
-            let reason = format!("cannot set the mode of {}: {e}", plan::show(&dir.dest));
+            let reason = format!(
+                "cannot set the mode of {}: {e}",
+                plan::show(&dir.dest.path())
+            );
             report_failure(&bar, &plan::show(&dir.source), &reason);
             plan_failed.push(Note {
                 path: plan::show(&dir.source),

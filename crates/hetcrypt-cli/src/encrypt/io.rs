@@ -1,51 +1,130 @@
-//! Inputs opened only when first read, and outputs that never lose data: written to a
-//! temporary file beside the destination, synced, renamed into place only when the
-//! whole message went through (and removed otherwise).
+//! Inputs opened without following links and typed by the opened descriptor, and
+//! outputs that never lose data nor leave unauthenticated plaintext: written to a
+//! temporary in the destination directory (see [`dest`](super::dest)), named only when
+//! the whole message went through.
 
-use std::fs::{self, File};
-use std::io::{self, BufWriter, Read, Seek, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::Path;
 
-use tempfile::NamedTempFile;
+use rustix::fs::{FileType, Mode, OFlags, CWD};
+use rustix::io::Errno;
 
-use super::plan::{Dest, Source};
+use super::dest::{self, DirFd, Target, Temp};
+use super::plan::Dest;
 
 /// Output buffer: four chunks, so writes reach the kernel in large pieces while the
 /// outputs waiting in the commit queue stay small.
 const WRITE_BUFFER: usize = 64 * 1024;
 
-/// An input, opened at its first read (so only the files in flight hold a
-/// descriptor).
+/// Permission bits an output may carry: never setuid, setgid or sticky (a decrypted
+/// file must not gain powers from whoever made the ciphertext).
+pub const FILE_MODE_BITS: u32 = 0o777;
+
+/// Debug builds only: before opening a source `.../NAME`, move `DIR/NAME` (if any)
+/// onto it, so tests can swap an entry between listing and opening deterministically.
+const TEST_SWAP_DIR: &str = "HETCRYPT_TEST_SWAP_DIR";
+
+/// An input; a file is closed as soon as it is read to its end, so only the files
+/// still being read hold a descriptor.
 pub enum Input {
-    /// Not opened yet.
-    Pending(PathBuf),
-    /// An open file.
-    File(File),
+    /// An open regular file (`None` once read to its end).
+    File(Option<File>),
     /// Standard input.
     Stdin(io::Stdin),
 }
 
-impl Input {
-    /// The input for `source`.
-    pub fn new(source: &Source) -> Self {
-        match source {
-            Source::Stdin => Input::Stdin(io::stdin()),
-            Source::File(p) => Input::Pending(p.clone()),
+impl Read for Input {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Input::File(Some(f)) => {
+                let n = f.read(buf)?;
+                if n == 0 && !buf.is_empty() {
+                    *self = Input::File(None);
+                }
+                Ok(n)
+            }
+            Input::File(None) => Ok(0),
+            Input::Stdin(s) => s.read(buf),
         }
     }
 }
 
-impl Read for Input {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Input::Pending(path) = self {
-            *self = Input::File(File::open(&*path)?);
+/// A source as found when opened.
+pub enum Opened {
+    /// A regular file, with its permission bits from the descriptor.
+    File {
+        /// The open file.
+        file: File,
+        /// Its permission bits (setuid, setgid and sticky dropped).
+        mode: u32,
+    },
+    /// Not a regular file at open time (a link, a FIFO, a device...): skipped, never
+    /// read; the reason in words.
+    NotRegular(String),
+}
+
+/// Opens a source without following a link in its last component (unless `follow`:
+/// a path the user named) and without blocking (a FIFO swapped in must not hang the
+/// run), then types it by the opened descriptor.
+pub fn open_source(path: &Path, follow: bool) -> io::Result<Opened> {
+    test_swap_before_open(path);
+    let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = match rustix::fs::openat(CWD, path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::LOOP) if !follow => {
+            return Ok(Opened::NotRegular(
+                "symbolic link (found when opening), not followed".into(),
+            ))
         }
-        match self {
-            Input::File(f) => f.read(buf),
-            Input::Stdin(s) => s.read(buf),
-            Input::Pending(_) => unreachable!("opened above"),
-        }
+        Err(e) => return Err(e.into()),
+    };
+    let st = rustix::fs::fstat(&fd)?;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => None,
+        FileType::Directory => Some("a directory"),
+        FileType::Fifo => Some("a FIFO"),
+        FileType::Socket => Some("a socket"),
+        FileType::CharacterDevice => Some("a character device"),
+        FileType::BlockDevice => Some("a block device"),
+        _ => Some("not a regular file"),
+    };
+    if let Some(kind) = kind {
+        return Ok(Opened::NotRegular(format!(
+            "{kind} (found when opening), not read"
+        )));
+    }
+    let blocking = rustix::fs::fcntl_getfl(&fd)? - OFlags::NONBLOCK;
+    rustix::fs::fcntl_setfl(&fd, blocking)?;
+    Ok(Opened::File {
+        file: File::from(fd),
+        mode: st.st_mode & FILE_MODE_BITS,
+    })
+}
+
+/// The swap hook (see [`TEST_SWAP_DIR`]); nothing in release builds.
+fn test_swap_before_open(path: &Path) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let (Some(dir), Some(name)) = (std::env::var_os(TEST_SWAP_DIR), path.file_name()) else {
+        return;
+    };
+    let swap = Path::new(&dir).join(name);
+    if swap.symlink_metadata().is_ok() {
+        let _ = std::fs::rename(&swap, path);
+    }
+}
+
+impl Write for Temp {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file().write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -53,9 +132,11 @@ impl Read for Input {
 enum Sink {
     /// Nothing written yet.
     Pending,
-    /// A temporary file (beside the destination, or in the temp dir for stdout).
-    Temp(BufWriter<NamedTempFile>),
-    /// Straight to stdout (encryption only: ciphertext is safe to emit early).
+    /// A temporary in the destination directory.
+    Temp(BufWriter<Temp>),
+    /// Straight to stdout. Safe for decryption too: a decrypt stream writes a chunk
+    /// only once it authenticated; a reader must still check the exit status, which
+    /// is the only sign that the message was complete.
     Stdout(BufWriter<io::Stdout>),
 }
 
@@ -63,93 +144,50 @@ enum Sink {
 pub struct Output {
     dest: Dest,
     sink: Sink,
-    /// Whether stdout output must be held back until complete (decryption: plaintext
-    /// is unauthenticated until the whole message is).
-    hold_stdout: bool,
     mode: Option<u32>,
 }
 
 impl Output {
-    /// An output to `dest`; for stdout, `hold_stdout` buffers everything in a
-    /// temporary file and emits it only on [`Output::commit`].
-    pub fn new(dest: Dest, hold_stdout: bool, mode: Option<u32>) -> Self {
+    /// An output to `dest`, given the permission bits `mode` when complete.
+    pub fn new(dest: Dest, mode: Option<u32>) -> Self {
         Output {
             dest,
             sink: Sink::Pending,
-            hold_stdout,
-            mode,
+            mode: mode.map(|m| m & FILE_MODE_BITS),
         }
     }
 
     fn open(&mut self) -> io::Result<()> {
         self.sink = match &self.dest {
-            Dest::File(path) => {
-                let dir = parent(path);
-                fs::create_dir_all(&dir)?;
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                // Hidden and private (mode 0600) while incomplete.
-                let tmp = tempfile::Builder::new()
-                    .prefix(&format!(".{name}."))
-                    .suffix(".tmp")
-                    .tempfile_in(&dir)?;
-                Sink::Temp(BufWriter::with_capacity(WRITE_BUFFER, tmp))
+            Dest::File(target) => {
+                let parent = target.rel.parent().unwrap_or(Path::new(""));
+                let (dir, _) = dest::open_dir(&target.root, parent, true)?;
+                Sink::Temp(BufWriter::with_capacity(WRITE_BUFFER, Temp::new(dir)?))
             }
-            Dest::Stdout if self.hold_stdout => Sink::Temp(BufWriter::with_capacity(
-                WRITE_BUFFER,
-                NamedTempFile::new()?,
-            )),
             Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(WRITE_BUFFER, io::stdout())),
         };
         Ok(())
     }
 
-    /// Makes the output final: syncs and renames the temporary file onto the
-    /// destination (refusing to replace an existing file unless `force`), or emits
-    /// the held-back stdout output. Returns the directory whose entry changed: the
-    /// rename is durable once the caller has synced it (once per directory, at the
-    /// end of the run, rather than once per file).
-    pub fn commit(mut self, force: bool) -> io::Result<Option<PathBuf>> {
+    /// Makes the output final: names the synced temporary as the destination
+    /// (refusing to replace an existing file unless `force`, and never a link), or
+    /// flushes stdout. Returns the directory whose entry changed: the new name is
+    /// durable once the caller has synced it (once per directory, at the end of the
+    /// run, rather than once per file).
+    pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
         if matches!(self.sink, Sink::Pending) {
             self.open()?;
         }
         match (self.sink, &self.dest) {
-            (Sink::Temp(w), Dest::File(path)) => {
+            (Sink::Temp(w), Dest::File(target)) => {
                 let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-                if let Some(mode) = self.mode {
-                    tmp.as_file()
-                        .set_permissions(fs::Permissions::from_mode(mode))?;
-                }
-                tmp.as_file().sync_all()?;
-                let persisted = if force {
-                    tmp.persist(path)
-                } else {
-                    tmp.persist_noclobber(path)
-                };
-                persisted.map_err(|e| {
-                    if e.error.kind() == io::ErrorKind::AlreadyExists {
-                        io::Error::new(
-                            io::ErrorKind::AlreadyExists,
-                            format!(
-                                "{} already exists (use --force to overwrite)",
-                                path.display()
-                            ),
-                        )
-                    } else {
-                        e.error
-                    }
-                })?;
-                Ok(Some(parent(path)))
-            }
-            (Sink::Temp(w), Dest::Stdout) => {
-                let mut tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-                tmp.rewind()?;
-                let mut out = io::stdout().lock();
-                io::copy(&mut tmp, &mut out)?;
-                out.flush()?;
-                Ok(None)
+                let name = target.rel.file_name().unwrap_or_default();
+                tmp.commit(name, self.mode, force).map(Some)
             }
             (Sink::Stdout(mut w), _) => w.flush().map(|()| None),
-            (Sink::Pending, _) => unreachable!("opened above"),
+            (Sink::Temp(_), Dest::Stdout) | (Sink::Pending, _) => {
+                unreachable!("opened above, by its destination")
+            }
         }
     }
 }
@@ -175,35 +213,17 @@ impl Write for Output {
     }
 }
 
-/// Syncs a directory, making the renames into it durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+/// Creates the directory `target` (and missing parents, never through a link) for a
+/// directory of an input tree; returns whether it was created (false: it was already
+/// there). A non-directory in its place is an error.
+pub fn make_dir(target: &Target) -> io::Result<bool> {
+    dest::open_dir(&target.root, &target.rel, true).map(|(_, created)| created)
 }
 
-/// Creates the directory `dest` (and missing parents) for a directory of an input
-/// tree; returns whether it was created (false: it was already there). A non-directory
-/// in its place is an error.
-pub fn make_dir(dest: &Path) -> io::Result<bool> {
-    match dest.symlink_metadata() {
-        Ok(m) if m.is_dir() => Ok(false),
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a directory", dest.display()),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(dest).map(|()| true),
-        Err(e) => Err(e),
-    }
-}
-
-/// Gives a directory made by [`make_dir`] its input's permission bits.
-pub fn set_dir_mode(dest: &Path, mode: u32) -> io::Result<()> {
-    fs::set_permissions(dest, fs::Permissions::from_mode(mode))
-}
-
-/// The directory a path lies in (`.` for a bare name).
-fn parent(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
+/// Gives a directory made by [`make_dir`] its input's permission bits (through the
+/// descriptor, never through a link).
+pub fn set_dir_mode(target: &Target, mode: u32) -> io::Result<()> {
+    let (dir, _) = dest::open_dir(&target.root, &target.rel, false)?;
+    rustix::fs::fchmod(&*dir.fd, Mode::from_raw_mode(mode))?;
+    Ok(())
 }

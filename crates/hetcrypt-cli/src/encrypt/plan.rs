@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
+use super::dest::Target;
+
 /// The suffix of encrypted files.
 pub const SUFFIX: &str = ".hc";
 
@@ -36,8 +38,14 @@ pub enum Way {
 pub enum Source {
     /// Standard input.
     Stdin,
-    /// A regular file.
-    File(PathBuf),
+    /// A file, listed as regular (its type is checked again on the opened descriptor).
+    File {
+        /// Its path.
+        path: PathBuf,
+        /// Whether a link in its last component is followed: only for a path the user
+        /// named, never for an entry of a tree.
+        follow: bool,
+    },
 }
 
 /// Where a message goes.
@@ -45,8 +53,8 @@ pub enum Source {
 pub enum Dest {
     /// Standard output.
     Stdout,
-    /// A file (written beside, then renamed into place).
-    File(PathBuf),
+    /// A file, confined beneath its root (written to a temporary, named when complete).
+    File(Target),
 }
 
 /// One message to process.
@@ -58,8 +66,6 @@ pub struct Work {
     pub dest: Dest,
     /// Input size when known (for the progress bar).
     pub size: Option<u64>,
-    /// Permission bits to give the output (the input's).
-    pub mode: Option<u32>,
 }
 
 /// A directory of an input tree and its mirror in the output tree.
@@ -68,7 +74,7 @@ pub struct Dir {
     /// The input directory.
     pub source: PathBuf,
     /// The directory to create.
-    pub dest: PathBuf,
+    pub dest: Target,
     /// Permission bits to give it (the input's), once its files are written.
     pub mode: u32,
 }
@@ -101,7 +107,7 @@ enum Root {
     /// Already decided (a single file, stdin, or a failure).
     Ready(Entry),
     /// A directory to walk, mirrored under `out`.
-    Tree { dir: PathBuf, out: PathBuf },
+    Tree { dir: PathBuf, out: Target },
 }
 
 /// A directory walk in progress.
@@ -113,7 +119,7 @@ pub struct Plan {
     way: Way,
     force: bool,
     roots: VecDeque<Root>,
-    walk: Option<(Walk, PathBuf, PathBuf)>,
+    walk: Option<(Walk, PathBuf, Target)>,
     stdout: bool,
 }
 
@@ -163,9 +169,10 @@ impl Plan {
     }
 
     /// The entry for a regular file going to `dest`, unless the destination is taken.
-    fn file(&self, path: &Path, meta: &std::fs::Metadata, dest: Dest) -> Entry {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if let Dest::File(d) = &dest {
+    fn file(&self, path: &Path, meta: &std::fs::Metadata, dest: Dest, follow: bool) -> Entry {
+        use std::os::unix::fs::MetadataExt;
+        if let Dest::File(t) = &dest {
+            let d = &t.path();
             if let Ok(dm) = d.symlink_metadata() {
                 if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
                     return Entry::Failed(Self::note(
@@ -185,32 +192,28 @@ impl Plan {
             }
         }
         Entry::Work(Work {
-            source: Source::File(path.to_path_buf()),
+            source: Source::File {
+                path: path.to_path_buf(),
+                follow,
+            },
             dest,
             size: Some(meta.len()),
-            mode: Some(meta.permissions().mode() & 0o7777),
         })
     }
 
-    /// Starts walking `dir`, never descending into the output tree `out` when it lies
-    /// inside the input.
-    fn start_walk(dir: &Path, out: &Path) -> Walk {
-        let out_abs = std::fs::canonicalize(out).ok();
+    /// Starts walking `dir` (the output tree never lies inside it: [`plan`] refuses
+    /// that).
+    fn start_walk(dir: &Path) -> Walk {
         Box::new(
             walkdir::WalkDir::new(dir)
                 .follow_links(false)
                 .sort_by_file_name()
-                .into_iter()
-                .filter_entry(move |e| {
-                    out_abs.is_none()
-                        || !e.file_type().is_dir()
-                        || std::fs::canonicalize(e.path()).ok() != out_abs
-                }),
+                .into_iter(),
         )
     }
 
     /// The entry for one item of a walk of `dir` mirrored under `out`.
-    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, dir: &Path, out: &Path) -> Entry {
+    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, dir: &Path, out: &Target) -> Entry {
         use std::os::unix::fs::PermissionsExt;
         let entry = match item {
             Ok(e) => e,
@@ -232,12 +235,7 @@ impl Plan {
             return match entry.metadata() {
                 Ok(meta) => Entry::Dir(Dir {
                     source: path.to_path_buf(),
-                    // `out.join("")` would end the tree's root with a slash.
-                    dest: if rel.as_os_str().is_empty() {
-                        out.to_path_buf()
-                    } else {
-                        out.join(rel)
-                    },
+                    dest: Target::new(&out.root, out.rel.join(rel)),
                     mode: meta.permissions().mode() & 0o7777,
                 }),
                 Err(e) => Entry::Failed(Self::note(path, e.to_string())),
@@ -253,11 +251,11 @@ impl Plan {
             return Entry::Skipped(Self::note(path, format!("no {SUFFIX} suffix")));
         };
         let dest = match rel.parent() {
-            Some(p) => out.join(p).join(name),
-            None => out.join(name),
+            Some(p) => Target::new(&out.root, out.rel.join(p).join(name)),
+            None => Target::new(&out.root, out.rel.join(name)),
         };
         match entry.metadata() {
-            Ok(meta) => self.file(path, &meta, Dest::File(dest)),
+            Ok(meta) => self.file(path, &meta, Dest::File(dest), false),
             Err(e) => Entry::Failed(Self::note(path, e.to_string())),
         }
     }
@@ -280,7 +278,7 @@ impl Iterator for Plan {
             match self.roots.pop_front()? {
                 Root::Ready(entry) => return Some(entry),
                 Root::Tree { dir, out } => {
-                    self.walk = Some((Self::start_walk(&dir, &out), dir, out));
+                    self.walk = Some((Self::start_walk(&dir), dir, out));
                 }
             }
         }
@@ -319,6 +317,58 @@ fn split_off_suffix(name: &OsStr, keep: usize) -> OsString {
     OsStr::from_bytes(&name.as_bytes()[..keep]).to_os_string()
 }
 
+/// The target of an output file the user named.
+fn file_target(path: &Path) -> anyhow::Result<Target> {
+    match Target::file(path) {
+        Some(t) => Ok(t),
+        None => bail!("{} does not name a file", show(path)),
+    }
+}
+
+/// A path made absolute and free of `.`, `..` and links as far as it exists (the
+/// rest, not yet made, appended as written).
+fn resolved(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = abs.as_path();
+    let mut rest: Vec<&OsStr> = Vec::new();
+    loop {
+        if let Ok(canon) = std::fs::canonicalize(existing) {
+            let mut out = canon;
+            for part in rest.iter().rev() {
+                match *part {
+                    p if p == ".." => {
+                        out.pop();
+                    }
+                    p if p == "." => {}
+                    p => out.push(p),
+                }
+            }
+            return out;
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                existing = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
+/// Refuses an output tree inside (or equal to) the input tree, before anything is
+/// written: walking the input would meet the outputs, encrypting them in turn.
+fn refuse_output_inside(input: &Path, output: &Path) -> anyhow::Result<()> {
+    let (i, o) = (resolved(input), resolved(output));
+    if o.starts_with(&i) {
+        bail!(
+            "the output {} lies inside the input {}: choose an output outside it",
+            show(output),
+            show(input)
+        );
+    }
+    Ok(())
+}
+
 /// Works out what goes where: checks the arguments now, walks trees later.
 pub fn plan(
     inputs: &[PathBuf],
@@ -351,7 +401,7 @@ pub fn plan(
                     if o.exists() && !force {
                         bail!("{} already exists (use --force to overwrite)", show(o));
                     }
-                    Dest::File(o.to_path_buf())
+                    Dest::File(file_target(o)?)
                 }
             };
             p.stdout = dest == Dest::Stdout;
@@ -359,7 +409,6 @@ pub fn plan(
                 source: Source::Stdin,
                 dest,
                 size: None,
-                mode: None,
             })));
             return Ok(p);
         }
@@ -384,9 +433,10 @@ pub fn plan(
             if root.exists() && !root.is_dir() {
                 bail!("{} exists and is not a directory", show(root));
             }
+            refuse_output_inside(input, root)?;
             p.roots.push_back(Root::Tree {
                 dir: input.clone(),
-                out: root.to_path_buf(),
+                out: Target::new(root, ""),
             });
             return Ok(p);
         }
@@ -401,15 +451,15 @@ pub fn plan(
         let dest = match output {
             Some(o) if is_dash(o) => Dest::Stdout,
             Some(o) if out_is_dir => match out_name(name, way) {
-                Some(n) => Dest::File(o.join(n)),
+                Some(n) => Dest::File(Target::new(o, n)),
                 None => bail!(
                     "{} has no {SUFFIX} suffix: name the output file with -o",
                     show(input)
                 ),
             },
-            Some(o) => Dest::File(o.to_path_buf()),
+            Some(o) => Dest::File(file_target(o)?),
             None => match out_name(name, way) {
-                Some(n) => Dest::File(input.with_file_name(n)),
+                Some(n) => Dest::File(file_target(&input.with_file_name(n))?),
                 None => bail!(
                     "{} has no {SUFFIX} suffix: name the output with -o",
                     show(input)
@@ -419,13 +469,15 @@ pub fn plan(
         let entry = if dest == Dest::Stdout {
             p.stdout = true;
             Entry::Work(Work {
-                source: Source::File(input.clone()),
+                source: Source::File {
+                    path: input.clone(),
+                    follow: true,
+                },
                 dest,
                 size: Some(meta.len()),
-                mode: None,
             })
         } else {
-            p.file(input, &meta, dest)
+            p.file(input, &meta, dest, true)
         };
         p.roots.push_back(Root::Ready(entry));
         return Ok(p);
@@ -455,11 +507,12 @@ pub fn plan(
             }
         };
         let name = input.file_name().unwrap_or(input.as_os_str());
-        let dest = if meta.is_dir() {
-            root.join(name)
+        let rel = if meta.is_dir() {
+            refuse_output_inside(input, root)?;
+            PathBuf::from(name)
         } else if meta.is_file() {
             match out_name(name, way) {
-                Some(n) => root.join(n),
+                Some(n) => PathBuf::from(n),
                 None => {
                     let note = Plan::note(input, format!("no {SUFFIX} suffix"));
                     p.roots.push_back(Root::Ready(Entry::Skipped(note)));
@@ -473,8 +526,12 @@ pub fn plan(
             ))));
             continue;
         };
-        if !taken.insert(dest.clone()) {
-            let note = Plan::note(input, format!("another input also goes to {}", show(&dest)));
+        let dest = Target::new(root, rel);
+        if !taken.insert(dest.path()) {
+            let note = Plan::note(
+                input,
+                format!("another input also goes to {}", show(&dest.path())),
+            );
             p.roots.push_back(Root::Ready(Entry::Failed(note)));
             continue;
         }
@@ -484,7 +541,7 @@ pub fn plan(
                 out: dest,
             }
         } else {
-            Root::Ready(p.file(input, &meta, Dest::File(dest)))
+            Root::Ready(p.file(input, &meta, Dest::File(dest), true))
         };
         p.roots.push_back(entry);
     }
