@@ -53,7 +53,7 @@ struct Common {
     /// every engine this machine has.
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     engines: Vec<String>,
-    /// Replace existing output files.
+    /// Replace existing output files (regular files only: never a link or a directory).
     #[arg(long)]
     force: bool,
     /// No progress bar and no summary (errors are still printed).

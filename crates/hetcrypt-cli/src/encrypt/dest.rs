@@ -150,6 +150,13 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
                 rustix::fs::openat(&fd, name, flags, Mode::empty())
                     .map_err(|e| errno_message(&path, e))?
             }
+            // With O_DIRECTORY, a link is ENOTDIR rather than ELOOP: tell them apart.
+            Err(Errno::NOTDIR)
+                if rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Symlink) =>
+            {
+                return Err(errno_message(&path, Errno::LOOP))
+            }
             Err(e) => return Err(errno_message(&path, e)),
         };
     }
