@@ -252,16 +252,23 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
             aead.key_len() * 8
         );
     }
-    run(&args.common, Way::Encrypt, Some(aead), |input, output| {
-        EncryptStream::new(input, output, &key, SealParams::new(aead))
-    })
+    run(
+        &args.common,
+        Way::Encrypt,
+        Some(aead),
+        |input, output, _| EncryptStream::new(input, output, &key, SealParams::new(aead)),
+    )
 }
 
 /// Runs `hetcrypt decrypt`.
 pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
-    run(&args.common, Way::Decrypt, None, |input, output| {
-        DecryptStream::new(input, output, &key, OpenParams::Hetcrypt)
+    run(&args.common, Way::Decrypt, None, |input, output, size| {
+        let stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt);
+        match size {
+            Some(len) => stream.with_input_len(len),
+            None => stream,
+        }
     })
 }
 
@@ -269,7 +276,7 @@ fn run<S: FileStream>(
     args: &Common,
     way: Way,
     aead: Option<Aead>,
-    make: impl Fn(Input, Output) -> S,
+    make: impl Fn(Input, Output, Option<u64>) -> S,
 ) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let policy = hetcrypt::policy::by_name(&args.policy).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -307,17 +314,21 @@ fn run<S: FileStream>(
         let items = std::iter::from_fn(|| loop {
             match plan.next()? {
                 plan::Entry::Work(w) => {
-                    let (input, name, mode) = match &w.source {
+                    let (input, name, mode, size) = match &w.source {
                         plan::Source::Stdin => (
                             Input::Stdin(std::io::stdin()),
                             "(standard input)".into(),
                             None,
+                            None,
                         ),
                         plan::Source::File { path, follow } => {
                             match io::open_source(path, *follow) {
-                                Ok(Opened::File { file, mode }) => {
-                                    (Input::File(Some(file)), plan::show(path), Some(mode))
-                                }
+                                Ok(Opened::File { file, mode, size }) => (
+                                    Input::File(Some(file)),
+                                    plan::show(path),
+                                    Some(mode),
+                                    Some(size),
+                                ),
                                 Ok(Opened::NotRegular(reason)) => {
                                     skipped.push(Note {
                                         path: plan::show(path),
@@ -339,7 +350,7 @@ fn run<S: FileStream>(
                     };
                     let output = Output::new(w.dest, mode);
                     return Some(Item {
-                        stream: make(input, output),
+                        stream: make(input, output, size),
                         name,
                     });
                 }

@@ -45,6 +45,13 @@ pub enum FormatError {
     /// final (short) chunk is missing.
     #[error("truncated: {0}")]
     Truncated(String),
+    /// The input's length (known before reading it) cannot be that of a message: it
+    /// was cut inside a chunk, or data was appended. Found before any chunk runs.
+    #[error("truncated or extended: {len} bytes cannot be a whole message (cut inside a chunk, or data appended after the end)")]
+    BadLength {
+        /// The whole input's length, in bytes.
+        len: u64,
+    },
     /// A chunk failed authentication: it was modified, reordered or duplicated, or
     /// data was appended after the end of the message.
     #[error("chunk {chunk} failed authentication ({hint})")]
@@ -83,6 +90,7 @@ impl FormatError {
                 | FormatError::UnknownId { .. }
                 | FormatError::WrongKey
                 | FormatError::Truncated(_)
+                | FormatError::BadLength { .. }
                 | FormatError::Tampered { .. }
         )
     }

@@ -263,6 +263,7 @@ pub struct DecryptStream<R, W> {
     last: Option<u64>,
     plaintext_bytes: u64,
     input_bytes: u64,
+    input_len: Option<u64>,
 }
 
 impl<R, W> fmt::Debug for DecryptStream<R, W> {
@@ -289,7 +290,15 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
             last: None,
             plaintext_bytes: 0,
             input_bytes: 0,
+            input_len: None,
         }
+    }
+
+    /// The whole input is `len` bytes long (a file's size): a length no message can
+    /// have fails once the header is read, before any chunk runs.
+    pub fn with_input_len(mut self, len: u64) -> Self {
+        self.input_len = Some(len);
+        self
     }
 
     /// Authenticated plaintext bytes written so far.
@@ -349,6 +358,12 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
         let derived = kdf::derive(hash, aead, &self.input_key, salt, context)?;
         if !openssl::memcmp::eq(&derived.commitment, commitment) {
             return Err(FormatError::WrongKey);
+        }
+        if let Some(len) = self.input_len {
+            let chunks = len.saturating_sub(self.input_bytes);
+            if !aead.possible_chunks_len(chunks) {
+                return Err(FormatError::BadLength { len });
+            }
         }
         ChunkKeys::new(dispatcher, aead, &derived.key, &derived.base_nonce)
     }

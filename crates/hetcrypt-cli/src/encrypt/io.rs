@@ -52,12 +52,14 @@ impl Read for Input {
 
 /// A source as found when opened.
 pub enum Opened {
-    /// A regular file, with its permission bits from the descriptor.
+    /// A regular file, with its permission bits and size from the descriptor.
     File {
         /// The open file.
         file: File,
         /// Its permission bits (setuid, setgid and sticky dropped).
         mode: u32,
+        /// Its size when opened.
+        size: u64,
     },
     /// Not a regular file at open time (a link, a FIFO, a device...): skipped, never
     /// read; the reason in words.
@@ -102,6 +104,7 @@ pub fn open_source(path: &Path, follow: bool) -> io::Result<Opened> {
     Ok(Opened::File {
         file: File::from(fd),
         mode: st.st_mode & FILE_MODE_BITS,
+        size: u64::try_from(st.st_size).unwrap_or(0),
     })
 }
 
