@@ -13,7 +13,6 @@ mod io;
 mod plan;
 mod summary;
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -187,22 +186,79 @@ struct Committed {
 /// outputs of at most 64 KiB of buffer each keep the queue's memory small.
 const COMMIT_QUEUE: usize = 16;
 
-/// The committer: syncs and renames each finished output into place, then syncs
-/// every directory it renamed into, once.
+/// Descriptors an output may hold until it is committed: its temporary and its
+/// directory (shared by consecutive outputs of one directory, but not always).
+const FDS_PER_OUTPUT: u64 = 2;
+/// Descriptors kept free beside those open at the start and the outputs': the input
+/// being read, a directory being opened or made, the directory being synced, a
+/// directory listing for leftovers, and room for error.
+const FD_MARGIN: u64 = 12;
+
+/// How many outputs may be open at once: raises the soft open-files limit to the
+/// hard one where allowed, then shares what is left after the descriptors already
+/// open. Returns the pipeline's window and the commit queue's length, so that any
+/// `ulimit -n` of 64 or more works on any tree (a smaller window is only slower).
+fn bound_open_files() -> (usize, usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = match (limit.current, limit.maximum) {
+        (Some(cur), max) if max.is_none_or(|m| m > cur) => {
+            let raised = Rlimit {
+                current: max,
+                maximum: max,
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => max,
+                Err(_) => Some(cur),
+            }
+        }
+        (cur, _) => cur,
+    };
+    let Some(soft) = soft else {
+        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_QUEUE);
+    };
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
+    let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
+    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(2);
+    let queue = (outputs / 4).clamp(1, COMMIT_QUEUE);
+    let window = (outputs - queue - 1).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
+    (window, queue)
+}
+
+/// The committer: syncs and names each finished output, and syncs each directory
+/// named into once its run of outputs is over (trees are walked directory by
+/// directory), holding only one directory open.
 fn committer(
     queue: mpsc::Receiver<(String, Output, u64)>,
     force: bool,
     bar: &ProgressBar,
 ) -> Committed {
     let mut done = Committed::default();
-    let mut dirs: BTreeMap<PathBuf, dest::DirFd> = BTreeMap::new();
+    let mut current: Option<dest::DirFd> = None;
+    let sync = |dir: dest::DirFd, done: &mut Committed| {
+        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
+            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
+            report_failure(bar, &plan::show(&dir.path), &reason);
+            done.failed.push(Note {
+                path: plan::show(&dir.path),
+                reason,
+            });
+        }
+    };
     for (name, output, bytes) in queue {
         match output.commit(force) {
             Ok(dir) => {
                 done.ok += 1;
                 done.bytes += bytes;
                 if let Some(dir) = dir {
-                    dirs.entry(dir.path.clone()).or_insert(dir);
+                    match current.take() {
+                        Some(cur) if cur.path == dir.path => current = Some(cur),
+                        Some(cur) => {
+                            sync(cur, &mut done);
+                            current = Some(dir);
+                        }
+                        None => current = Some(dir),
+                    }
                 }
             }
             Err(e) => {
@@ -212,15 +268,8 @@ fn committer(
             }
         }
     }
-    for (path, dir) in dirs {
-        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
-            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
-            report_failure(bar, &plan::show(&path), &reason);
-            done.failed.push(Note {
-                path: plan::show(&path),
-                reason,
-            });
-        }
+    if let Some(cur) = current {
+        sync(cur, &mut done);
     }
     done
 }
@@ -301,8 +350,9 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
-    let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
+    let (window, queue_len) = bound_open_files();
+    let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
+    let (commits, queue) = mpsc::sync_channel(queue_len);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let committer = scope.spawn(|| committer(queue, args.force, &bar));
         let mut tally = Tally {

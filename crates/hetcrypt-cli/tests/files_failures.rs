@@ -81,3 +81,41 @@ fn a_ciphertext_padded_to_one_tebibyte_fails_at_once() {
     }
     assert_no_temporaries(&out);
 }
+
+/// `hetcrypt ARGS` under `ulimit -n LIMIT` (soft and hard).
+fn under_ulimit(limit: u32, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_hetcrypt"));
+    for a in args {
+        cmd.arg(a);
+    }
+    run_within(cmd)
+}
+
+#[test]
+fn a_tree_of_2000_files_under_ulimit_64_does_not_run_out_of_descriptors() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let src = t.path().join("src");
+    for d in 0..40 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..50 {
+            fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    let enc = t.path().join("enc");
+    let dec = t.path().join("dec");
+    let o = under_ulimit(64, &[&"encrypt", &"-q", &"--key", &key, &src, &"-o", &enc]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = under_ulimit(64, &[&"decrypt", &"-q", &"--key", &key, &enc, &"-o", &dec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for d in 0..40 {
+        for f in 0..50 {
+            let got = fs::read_to_string(dec.join(format!("d{d}/f{f}"))).unwrap();
+            assert_eq!(got, format!("{d}/{f}"));
+        }
+    }
+}

@@ -169,6 +169,26 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
     ))
 }
 
+/// The directory the last output went into: consecutive outputs of a tree share one
+/// descriptor. (It stays the directory opened beneath the root even if a link
+/// replaces its name later: writes remain confined.)
+static LAST_DIR: Mutex<Option<(PathBuf, PathBuf, DirFd)>> = Mutex::new(None);
+
+/// [`open_dir`] with creation, reusing the last directory's descriptor.
+pub fn open_output_dir(root: &Path, rel: &Path) -> io::Result<DirFd> {
+    let mut last = LAST_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((r, p, dir)) = last.as_ref() {
+        if r == root && p == rel {
+            return Ok(dir.clone());
+        }
+    }
+    let (dir, _) = open_dir(root, rel, true)?;
+    *last = Some((root.to_path_buf(), rel.to_path_buf(), dir.clone()));
+    Ok(dir)
+}
+
 /// Named temporaries alive now, by id: what a signal removes.
 static LIVE: Mutex<BTreeMap<u64, (Arc<OwnedFd>, OsString)>> = Mutex::new(BTreeMap::new());
 /// Ids for [`LIVE`].

@@ -164,7 +164,7 @@ impl Output {
         self.sink = match &self.dest {
             Dest::File(target) => {
                 let parent = target.rel.parent().unwrap_or(Path::new(""));
-                let (dir, _) = dest::open_dir(&target.root, parent, true)?;
+                let dir = dest::open_output_dir(&target.root, parent)?;
                 Sink::Temp(BufWriter::with_capacity(WRITE_BUFFER, Temp::new(dir)?))
             }
             Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(WRITE_BUFFER, io::stdout())),
