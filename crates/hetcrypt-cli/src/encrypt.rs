@@ -374,7 +374,7 @@ fn run<S: FileStream>(
                         plan::Source::File { path, follow } => {
                             match io::open_source(path, *follow) {
                                 Ok(Opened::File { file, mode, size }) => (
-                                    Input::File(Some(file)),
+                                    Input::file(file, path),
                                     plan::show(path),
                                     Some(mode),
                                     Some(size),

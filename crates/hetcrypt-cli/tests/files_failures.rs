@@ -119,3 +119,48 @@ fn a_tree_of_2000_files_under_ulimit_64_does_not_run_out_of_descriptors() {
         }
     }
 }
+
+#[test]
+fn a_255_byte_name_works_and_errors_name_the_user_path_and_side() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    // 252 bytes: its .hc name has the maximum 255 (the old temporary name added 12).
+    let name = "n".repeat(252);
+    let plain = t.path().join(&name);
+    fs::write(&plain, b"long name").unwrap();
+    let o = run(&[&"encrypt", &"--key", &key, &plain]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sealed = t.path().join(format!("{name}.hc"));
+    let out = t.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let o = run(&[&"decrypt", &"--key", &key, &sealed, &"-o", &out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(fs::read(out.join(&name)).unwrap(), b"long name");
+
+    // A destination that cannot be written: the message says write, names the
+    // destination the user gave, and no temporary.
+    // (sysfs refuses new files even to root.)
+    let o = run(&[&"encrypt", &"--key", &key, &plain, &"-o", &"/sys/x.hc"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("cannot write /sys: Permission denied"), "{e}");
+    assert!(
+        !e.contains(".hetcrypt-tmp-") && !e.contains(&format!(".{name}.")),
+        "{e}"
+    );
+    // An input that cannot be read says read.
+    let o = run(&[
+        &"encrypt",
+        &"--key",
+        &key,
+        &"/proc/self/mem",
+        &"-o",
+        &out.join("m.hc"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot read /proc/self/mem"),
+        "{}",
+        stderr(&o)
+    );
+}

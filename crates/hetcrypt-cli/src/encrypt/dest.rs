@@ -95,7 +95,10 @@ fn errno_message(path: &Path, e: Errno) -> io::Error {
             "{show} is a symbolic link: hetcrypt never writes through links"
         )),
         Errno::NOTDIR => io::Error::other(format!("{show} exists and is not a directory")),
-        other => io::Error::other(format!("{show}: {}", io::Error::from(other))),
+        other => io::Error::new(
+            io::Error::from(other).kind(),
+            format!("cannot write {show}: {}", io::Error::from(other)),
+        ),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
@@ -25,27 +25,52 @@ pub const FILE_MODE_BITS: u32 = 0o777;
 /// onto it, so tests can swap an entry between listing and opening deterministically.
 const TEST_SWAP_DIR: &str = "HETCRYPT_TEST_SWAP_DIR";
 
+/// ENOSPC: the one write error people meet often enough to deserve plain words.
+const ENOSPC: i32 = 28;
+
 /// An input; a file is closed as soon as it is read to its end, so only the files
 /// still being read hold a descriptor.
 pub enum Input {
-    /// An open regular file (`None` once read to its end).
-    File(Option<File>),
+    /// A regular file.
+    File {
+        /// The open file (`None` once read to its end).
+        file: Option<File>,
+        /// Its path, for messages.
+        path: PathBuf,
+    },
     /// Standard input.
     Stdin(io::Stdin),
+}
+
+impl Input {
+    /// An opened regular file.
+    pub fn file(file: File, path: &Path) -> Self {
+        Input::File {
+            file: Some(file),
+            path: path.to_path_buf(),
+        }
+    }
 }
 
 impl Read for Input {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Input::File(Some(f)) => {
-                let n = f.read(buf)?;
+            Input::File { file, path } => {
+                let Some(f) = file else { return Ok(0) };
+                let n = f.read(buf).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot read {}: {e}", super::plan::show(path)),
+                    )
+                })?;
                 if n == 0 && !buf.is_empty() {
-                    *self = Input::File(None);
+                    *file = None;
                 }
                 Ok(n)
             }
-            Input::File(None) => Ok(0),
-            Input::Stdin(s) => s.read(buf),
+            Input::Stdin(s) => s
+                .read(buf)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot read standard input: {e}"))),
         }
     }
 }
@@ -131,6 +156,24 @@ impl Write for Temp {
     }
 }
 
+/// An OS error on the output side, worded to say so and to name the destination
+/// (errors already worded, which name their path, pass as they are).
+fn output_error(dest: &Dest, e: io::Error) -> io::Error {
+    let Some(code) = e.raw_os_error() else {
+        return e;
+    };
+    let what = if code == ENOSPC {
+        "no space left on the device (the partial output was removed)".to_string()
+    } else {
+        e.to_string()
+    };
+    let place = match dest {
+        Dest::File(t) => super::plan::show(&t.path()),
+        Dest::Stdout => "standard output".to_string(),
+    };
+    io::Error::new(e.kind(), format!("cannot write {place}: {what}"))
+}
+
 /// Where bytes go until the message is complete.
 enum Sink {
     /// Nothing written yet.
@@ -160,6 +203,10 @@ impl Output {
         }
     }
 
+    fn output_error(&self, e: io::Error) -> io::Error {
+        output_error(&self.dest, e)
+    }
+
     fn open(&mut self) -> io::Result<()> {
         self.sink = match &self.dest {
             Dest::File(target) => {
@@ -179,13 +226,23 @@ impl Output {
     /// run, rather than once per file).
     pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
         if matches!(self.sink, Sink::Pending) {
-            self.open()?;
+            self.open().map_err(|e| self.output_error(e))?;
         }
-        match (self.sink, &self.dest) {
+        Self::commit_sink(self.sink, &self.dest, self.mode, force)
+            .map_err(|e| output_error(&self.dest, e))
+    }
+
+    fn commit_sink(
+        sink: Sink,
+        dest: &Dest,
+        mode: Option<u32>,
+        force: bool,
+    ) -> io::Result<Option<DirFd>> {
+        match (sink, dest) {
             (Sink::Temp(w), Dest::File(target)) => {
                 let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
                 let name = target.rel.file_name().unwrap_or_default();
-                tmp.commit(name, self.mode, force).map(Some)
+                tmp.commit(name, mode, force).map(Some)
             }
             (Sink::Stdout(mut w), _) => w.flush().map(|()| None),
             (Sink::Temp(_), Dest::Stdout) | (Sink::Pending, _) => {
@@ -198,21 +255,23 @@ impl Output {
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if matches!(self.sink, Sink::Pending) {
-            self.open()?;
+            self.open().map_err(|e| self.output_error(e))?;
         }
-        match &mut self.sink {
+        let written = match &mut self.sink {
             Sink::Temp(w) => w.write(buf),
             Sink::Stdout(w) => w.write(buf),
             Sink::Pending => unreachable!("opened above"),
-        }
+        };
+        written.map_err(|e| self.output_error(e))
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match &mut self.sink {
+        let flushed = match &mut self.sink {
             Sink::Temp(w) => w.flush(),
             Sink::Stdout(w) => w.flush(),
             Sink::Pending => Ok(()),
-        }
+        };
+        flushed.map_err(|e| self.output_error(e))
     }
 }
 
