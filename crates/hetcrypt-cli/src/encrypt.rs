@@ -28,6 +28,7 @@ use indicatif::ProgressBar;
 
 use self::io::{Input, Opened, Output};
 use self::plan::{Note, Way};
+pub use self::summary::escape;
 use self::summary::Summary;
 use crate::keygen::read_key_file;
 use crate::workload::{EngineOpts, EngineSet};
@@ -170,6 +171,7 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
 }
 
 fn report_failure(bar: &ProgressBar, path: &str, reason: &str) {
+    let (path, reason) = (summary::escape(path), summary::escape(reason));
     bar.suspend(|| eprintln!("hetcrypt: {path}: {reason}"));
 }
 

@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     eprintln!(
         "hetcrypt: wrote a {}-bit key to {} (mode 0600); keep it safe: without it the files cannot be decrypted",
         args.bits,
-        args.output.display()
+        crate::encrypt::escape(&args.output.display().to_string())
     );
     Ok(ExitCode::SUCCESS)
 }

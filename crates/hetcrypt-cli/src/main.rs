@@ -51,7 +51,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hetcrypt: {e:#}");
+            // Messages may carry file names: no raw control characters reach the
+            // terminal.
+            eprintln!("hetcrypt: {}", encrypt::escape(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

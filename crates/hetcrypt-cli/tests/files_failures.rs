@@ -164,3 +164,35 @@ fn a_255_byte_name_works_and_errors_name_the_user_path_and_side() {
         stderr(&o)
     );
 }
+
+#[test]
+fn control_characters_in_names_cannot_forge_summary_lines() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let enc = t.path().join("enc");
+    fs::create_dir(&enc).unwrap();
+    // Not a hetcrypt file (fails), and a link (skipped), with names that would clear
+    // the screen and add a line to the summary if printed raw.
+    let evil = "x\u{1b}[2J\n  failed:  forged: wrong key\r.hc";
+    fs::write(enc.join(evil), b"not a ciphertext").unwrap();
+    std::os::unix::fs::symlink("nowhere", enc.join(format!("link{evil}"))).unwrap();
+    let o = run(&[
+        &"decrypt",
+        &"--key",
+        &key,
+        &enc,
+        &"-o",
+        &t.path().join("dec"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        !e.contains('\u{1b}') && !e.contains('\r'),
+        "raw control characters: {e:?}"
+    );
+    assert!(
+        !e.lines().any(|l| l.starts_with("  failed:  forged")),
+        "forged line: {e}"
+    );
+    assert!(e.contains("x\\u{1b}[2J\\n  failed:  forged"), "{e}");
+}

@@ -278,7 +278,7 @@ fn sweep_leftovers(dir: &DirFd) {
         eprintln!(
             "hetcrypt: removed {removed} temporary file{} left in {} by an interrupted run",
             if removed == 1 { "" } else { "s" },
-            super::plan::show(&dir.path)
+            super::summary::escape(&super::plan::show(&dir.path))
         );
     }
 }
