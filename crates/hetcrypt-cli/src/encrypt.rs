@@ -286,6 +286,22 @@ fn human_error(e: &FormatError) -> String {
     }
 }
 
+/// The null device's numbers (Linux's `/dev/null` is character device 1:3).
+const DEV_NULL: (u32, u32) = (1, 3);
+
+/// Whether standard input is closed. The Rust runtime reopens a closed descriptor 0
+/// on `/dev/null` before `main`, so a closed input and `< /dev/null` look the same;
+/// both would otherwise read as an empty message and "succeed".
+fn stdin_is_closed() -> bool {
+    match rustix::fs::fstat(std::io::stdin()) {
+        Ok(st) => {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
+                && (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)) == DEV_NULL
+        }
+        Err(_) => true,
+    }
+}
+
 /// Runs `hetcrypt encrypt`.
 pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
@@ -340,6 +356,12 @@ fn run<S: FileStream>(
     }
     let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
+    if way == Way::Encrypt && plan.writes_stdout() && std::io::stdout().is_terminal() {
+        bail!("refusing to write ciphertext to a terminal: redirect standard output, or name a file with -o");
+    }
+    if plan.reads_stdin() && stdin_is_closed() {
+        bail!("standard input is closed (or /dev/null): there is nothing to read; pipe the data in, or name a file");
+    }
     dest::remove_temporaries_on_signals().context("cannot watch for signals")?;
     let stdout_busy = plan.writes_stdout();
     let hide_bar = args.quiet || args.json || !std::io::stderr().is_terminal();

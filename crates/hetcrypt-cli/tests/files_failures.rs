@@ -196,3 +196,138 @@ fn control_characters_in_names_cannot_forge_summary_lines() {
     );
     assert!(e.contains("x\\u{1b}[2J\\n  failed:  forged"), "{e}");
 }
+
+#[test]
+fn keys_and_streams_refuse_what_would_betray_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let plain = t.path().join("plain");
+    fs::write(&plain, b"data").unwrap();
+
+    // A key file others may read: used, with a warning.
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &plain]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("others may read it"), "{}", stderr(&o));
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+
+    // An all-zero key: refused, nothing written.
+    let zero = t.path().join("zero");
+    fs::write(&zero, format!("{}\n", "0".repeat(32))).unwrap();
+    fs::set_permissions(&zero, fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(&[
+        &"encrypt",
+        &"--key",
+        &zero,
+        &plain,
+        &"-o",
+        &t.path().join("z.hc"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("all-zero key"), "{}", stderr(&o));
+    assert!(!t.path().join("z.hc").exists());
+
+    // keygen -o - prints the key, makes no file named "-".
+    let o = hetcrypt()
+        .current_dir(t.path())
+        .args(["keygen", "-o", "-"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hex = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(hex.trim().len(), 32, "{hex}");
+    assert!(!t.path().join("-").exists());
+
+    // A closed standard input is refused, not encrypted as an empty message.
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("exec \"$0\" encrypt --key \"$1\" - -o \"$2\" <&-")
+        .arg(env!("CARGO_BIN_EXE_hetcrypt"))
+        .arg(&key)
+        .arg(t.path().join("closed.hc"));
+    let o = run_within(cmd);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("standard input is closed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!t.path().join("closed.hc").exists());
+
+    // Ciphertext to a terminal is refused (`script` gives the command a terminal).
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED the terminal case: no `script` here");
+        return;
+    }
+    let mut cmd = std::process::Command::new("script");
+    cmd.arg("-qec")
+        .arg(format!(
+            "'{}' encrypt --key '{}' '{}' -o -",
+            env!("CARGO_BIN_EXE_hetcrypt"),
+            key.display(),
+            plain.display()
+        ))
+        .arg("/dev/null");
+    let o = run_within(cmd);
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(
+        all.contains("refusing to write ciphertext to a terminal"),
+        "{all}"
+    );
+}
+
+#[test]
+fn sparse_regions_stay_sparse_when_decrypted() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let plain = t.path().join("sparse");
+    // 8 MiB: data, a 7 MiB hole, data.
+    let f = fs::File::create(&plain).unwrap();
+    f.set_len(8 << 20).unwrap();
+    drop(f);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = fs::OpenOptions::new().write(true).open(&plain).unwrap();
+        f.write_all(&[1u8; 100_000]).unwrap();
+        f.seek(SeekFrom::End(-5)).unwrap();
+        f.write_all(b"tail!").unwrap();
+    }
+    let enc = t.path().join("sparse.hc");
+    let dec = t.path().join("back");
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &plain, &"-o", &enc]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&[&"decrypt", &"-q", &"--key", &key, &enc, &"-o", &dec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(fs::read(&dec).unwrap() == fs::read(&plain).unwrap());
+    let allocated = fs::metadata(&dec).unwrap().blocks() * 512;
+    assert!(
+        allocated < 2 << 20,
+        "{allocated} bytes allocated for 8 MiB mostly hole"
+    );
+
+    // A file ending in zeros keeps its length.
+    let zeros = t.path().join("zeros");
+    fs::write(&zeros, vec![0u8; 100_000]).unwrap();
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &zeros]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&[
+        &"decrypt",
+        &"-q",
+        &"--key",
+        &key,
+        &t.path().join("zeros.hc"),
+        &"-o",
+        &t.path().join("zeros.out"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        fs::read(t.path().join("zeros.out")).unwrap(),
+        vec![0u8; 100_000]
+    );
+}

@@ -353,6 +353,12 @@ impl Temp {
         &self.file
     }
 
+    /// Leaves `n` bytes of zeros as a hole instead of writing them.
+    pub fn skip(&mut self, n: u64) -> io::Result<()> {
+        let n = i64::try_from(n).map_err(io::Error::other)?;
+        io::Seek::seek(&mut self.file, io::SeekFrom::Current(n)).map(drop)
+    }
+
     /// Gives the temporary's content the name `name` in its directory, after setting
     /// `mode` and syncing it. Without `force` an existing name is never replaced; with
     /// it, only a regular file is (never a link or a directory). Returns the
@@ -361,6 +367,11 @@ impl Temp {
         let dest = self.dir.path.join(name);
         if let Some(mode) = mode {
             rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
+        }
+        // A hole at the end (skipped zeros) is part of the file too.
+        let end = io::Seek::stream_position(&mut self.file)?;
+        if self.file.metadata()?.len() < end {
+            self.file.set_len(end)?;
         }
         self.file.sync_all()?;
         match rustix::fs::statat(&*self.dir.fd, name, AtFlags::SYMLINK_NOFOLLOW) {

@@ -25,6 +25,11 @@ pub const FILE_MODE_BITS: u32 = 0o777;
 /// onto it, so tests can swap an entry between listing and opening deterministically.
 const TEST_SWAP_DIR: &str = "HETCRYPT_TEST_SWAP_DIR";
 
+/// Writes of at least this many zero bytes (a quarter chunk, a page or more) become
+/// holes, so sparse files stay sparse when decrypted (a chunk of zeros is written as a
+/// whole, one call per chunk).
+const SPARSE_MIN: usize = 4096;
+
 /// ENOSPC: the one write error people meet often enough to deserve plain words.
 const ENOSPC: i32 = 28;
 
@@ -258,6 +263,10 @@ impl Write for Output {
             self.open().map_err(|e| self.output_error(e))?;
         }
         let written = match &mut self.sink {
+            Sink::Temp(w) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => w
+                .flush()
+                .and_then(|()| w.get_mut().skip(buf.len() as u64))
+                .map(|()| buf.len()),
             Sink::Temp(w) => w.write(buf),
             Sink::Stdout(w) => w.write(buf),
             Sink::Pending => unreachable!("opened above"),

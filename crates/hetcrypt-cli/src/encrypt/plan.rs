@@ -137,6 +137,17 @@ impl Plan {
         self.stdout
     }
 
+    /// Whether the message comes from standard input.
+    pub fn reads_stdin(&self) -> bool {
+        matches!(
+            self.roots.front(),
+            Some(Root::Ready(Entry::Work(Work {
+                source: Source::Stdin,
+                ..
+            })))
+        )
+    }
+
     /// The total input size, walking the trees once more (for the progress bar);
     /// `None` when standard input is read.
     pub fn total_size(&self) -> Option<u64> {
