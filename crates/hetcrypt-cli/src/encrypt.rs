@@ -397,11 +397,11 @@ fn run<S: FileStream>(
                         ),
                         plan::Source::File { path, follow } => {
                             match io::open_source(path, *follow) {
-                                Ok(Opened::File { file, mode, size }) => (
-                                    Input::file(file, path),
+                                Ok(Opened::File { file, mode, stamp }) => (
+                                    Input::file(file, path, stamp),
                                     plan::show(path),
                                     Some(mode),
-                                    Some(size),
+                                    Some(stamp.size()),
                                 ),
                                 Ok(Opened::NotRegular(reason)) => {
                                     skipped.push(Note {

@@ -331,3 +331,32 @@ fn sparse_regions_stay_sparse_when_decrypted() {
         vec![0u8; 100_000]
     );
 }
+
+#[test]
+fn a_file_truncated_while_it_is_encrypted_fails_and_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("shrinks"), vec![5u8; 100_000]).unwrap();
+    fs::write(src.join("still"), vec![6u8; 100_000]).unwrap();
+    let out = t.path().join("out");
+    let o = hetcrypt()
+        .args(["encrypt", "--json", "--key"])
+        .arg(&key)
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        // Debug builds: cut `shrinks` to half its size after its first read.
+        .env("HETCRYPT_TEST_TRUNCATE_WHILE_READING", "shrinks")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files_ok"], 1);
+    let reason = s["failed"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("changed while it was read"), "{reason}");
+    assert!(!out.join("shrinks.hc").exists());
+    assert!(out.join("still.hc").is_file());
+    assert_no_temporaries(&out);
+}

@@ -33,6 +33,33 @@ const SPARSE_MIN: usize = 4096;
 /// ENOSPC: the one write error people meet often enough to deserve plain words.
 const ENOSPC: i32 = 28;
 
+/// Debug builds only: after the first read of a source with this file name, cut the
+/// file to half its size, so tests can change a file while it is read,
+/// deterministically.
+const TEST_TRUNCATE_WHILE_READING: &str = "HETCRYPT_TEST_TRUNCATE_WHILE_READING";
+
+/// What a file looked like when opened: a file whose size or modification time differ
+/// at its end was changed while it was read (tar's "file changed as we read it").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(st: &rustix::fs::Stat) -> Self {
+        Stamp {
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime: (st.st_mtime, st.st_mtime_nsec as i64),
+        }
+    }
+
+    /// The size when opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// An input; a file is closed as soon as it is read to its end, so only the files
 /// still being read hold a descriptor.
 pub enum Input {
@@ -42,17 +69,61 @@ pub enum Input {
         file: Option<File>,
         /// Its path, for messages.
         path: PathBuf,
+        /// How it looked when opened.
+        opened: Stamp,
+        /// Bytes read so far.
+        read: u64,
     },
     /// Standard input.
     Stdin(io::Stdin),
 }
 
 impl Input {
-    /// An opened regular file.
-    pub fn file(file: File, path: &Path) -> Self {
+    /// An opened regular file, as it looked when opened.
+    pub fn file(file: File, path: &Path, opened: Stamp) -> Self {
         Input::File {
             file: Some(file),
             path: path.to_path_buf(),
+            opened,
+            read: 0,
+        }
+    }
+}
+
+/// The error for a file that changed while it was read, if it did.
+fn changed(f: &File, path: &Path, opened: Stamp, read: u64) -> Option<io::Error> {
+    let now = rustix::fs::fstat(f).map(|st| Stamp::of(&st)).ok()?;
+    if now == opened && read == opened.size {
+        return None;
+    }
+    let how = if now.size != opened.size || read != opened.size {
+        format!(
+            "{} bytes when opened, {read} read, {} now",
+            opened.size, now.size
+        )
+    } else {
+        "modified".to_string()
+    };
+    Some(io::Error::other(format!(
+        "{} changed while it was read ({how}): not processed; try again once it is still",
+        super::plan::show(path)
+    )))
+}
+
+/// The truncation hook (see [`TEST_TRUNCATE_WHILE_READING`]); nothing in release
+/// builds.
+fn test_truncate_while_reading(f: &File, path: &Path) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Some(name) = std::env::var_os(TEST_TRUNCATE_WHILE_READING) else {
+        return;
+    };
+    if path.file_name() == Some(name.as_os_str()) {
+        if let Ok(meta) = f.metadata() {
+            if let Ok(w) = std::fs::OpenOptions::new().write(true).open(path) {
+                let _ = w.set_len(meta.len() / 2);
+            }
         }
     }
 }
@@ -60,7 +131,12 @@ impl Input {
 impl Read for Input {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Input::File { file, path } => {
+            Input::File {
+                file,
+                path,
+                opened,
+                read,
+            } => {
                 let Some(f) = file else { return Ok(0) };
                 let n = f.read(buf).map_err(|e| {
                     io::Error::new(
@@ -68,7 +144,14 @@ impl Read for Input {
                         format!("cannot read {}: {e}", super::plan::show(path)),
                     )
                 })?;
+                if *read == 0 && n > 0 {
+                    test_truncate_while_reading(f, path);
+                }
+                *read += n as u64;
                 if n == 0 && !buf.is_empty() {
+                    if let Some(e) = changed(f, path, *opened, *read) {
+                        return Err(e);
+                    }
                     *file = None;
                 }
                 Ok(n)
@@ -88,8 +171,8 @@ pub enum Opened {
         file: File,
         /// Its permission bits (setuid, setgid and sticky dropped).
         mode: u32,
-        /// Its size when opened.
-        size: u64,
+        /// How it looked when opened (its size among it).
+        stamp: Stamp,
     },
     /// Not a regular file at open time (a link, a FIFO, a device...): skipped, never
     /// read; the reason in words.
@@ -134,7 +217,7 @@ pub fn open_source(path: &Path, follow: bool) -> io::Result<Opened> {
     Ok(Opened::File {
         file: File::from(fd),
         mode: st.st_mode & FILE_MODE_BITS,
-        size: u64::try_from(st.st_size).unwrap_or(0),
+        stamp: Stamp::of(&st),
     })
 }
 
