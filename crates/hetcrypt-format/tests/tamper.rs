@@ -64,12 +64,14 @@ fn flipped_byte_in_every_region() {
                 0..8 => matches!(err, FormatError::NotHetcrypt),
                 8 => matches!(err, FormatError::UnsupportedVersion(_)),
                 // A different AEAD id or hash id that exists still changes the context,
-                // so the commitment fails; an unknown one is refused outright.
+                // so the commitment fails; an unknown one is refused outright; the tree
+                // flag set makes it a tree member, refused alone.
                 9..12 => matches!(
                     err,
                     FormatError::UnknownId { .. }
                         | FormatError::WrongKey
                         | FormatError::KeyLength { .. }
+                        | FormatError::TreeMember
                 ),
                 12..HEADER => matches!(err, FormatError::WrongKey),
                 _ => {
