@@ -12,6 +12,7 @@ mod dest;
 mod io;
 mod plan;
 mod summary;
+mod tree;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -20,9 +21,10 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use hetcrypt_format::manifest::MANIFEST_NAME;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
-    Stream,
+    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, Manifest, Observer, OpenParams,
+    Pipeline, SealParams, Stream,
 };
 use indicatif::ProgressBar;
 
@@ -83,10 +85,12 @@ pub struct DecryptArgs {
     common: Common,
 }
 
-/// A message in flight, with its input's name for messages.
+/// A message in flight, with its input's name for messages and, for a file of a
+/// tree, the tree's index and the file's path in it.
 struct Item<S> {
     stream: S,
     name: String,
+    tree: Option<(usize, Vec<u8>)>,
 }
 
 impl<S: Stream> Stream for Item<S> {
@@ -113,49 +117,73 @@ impl<S: Stream> Stream for Item<S> {
 
 /// A stream whose output can be taken back to commit.
 trait FileStream: Stream {
-    /// Its output and the plaintext bytes it carried.
-    fn into_output(self) -> (Output, u64);
+    /// Its output, the plaintext bytes it carried, and the key commitment it wrote
+    /// (encryption: what the tree's manifest records).
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>);
 }
 
 impl FileStream for EncryptStream<Input, Output> {
-    fn into_output(self) -> (Output, u64) {
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>) {
         let bytes = self.plaintext_bytes();
-        (self.into_parts().1, bytes)
+        let commitment = self.commitment();
+        (self.into_parts().1, bytes, commitment)
     }
 }
 
 impl FileStream for DecryptStream<Input, Output> {
-    fn into_output(self) -> (Output, u64) {
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>) {
         let bytes = self.plaintext_bytes();
-        (self.into_parts().1, bytes)
+        (self.into_parts().1, bytes, None)
     }
+}
+
+/// A finished output on its way to the committer.
+struct Finished {
+    name: String,
+    output: Output,
+    bytes: u64,
+    /// For a file of a tree being encrypted: the tree, the path and the commitment.
+    member: Option<(usize, Vec<u8>, [u8; 32])>,
 }
 
 /// Hands finished outputs to the committer, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    commits: mpsc::SyncSender<(String, Output, u64)>,
+    commits: mpsc::SyncSender<Finished>,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
 }
 
 impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     fn done(&mut self, item: Item<S>, result: hetcrypt_format::Result<()>) {
-        let (output, bytes) = item.stream.into_output();
+        let (output, bytes, commitment) = item.stream.into_output();
         match result {
             Ok(()) => {
-                if let Err(mpsc::SendError((name, ..))) =
-                    self.commits.send((item.name, output, bytes))
-                {
+                let member = match (item.tree, commitment) {
+                    (Some((tree, path)), Some(c)) => Some((tree, path, c)),
+                    _ => None,
+                };
+                let finished = Finished {
+                    name: item.name,
+                    output,
+                    bytes,
+                    member,
+                };
+                if let Err(mpsc::SendError(f)) = self.commits.send(finished) {
                     // The committer is gone only if it panicked; joining reports it.
                     self.failed.push(Note {
-                        path: name,
+                        path: f.name,
                         reason: "internal error: the committer stopped".into(),
                     });
                 }
             }
             Err(e) => {
-                let reason = human_error(&e);
+                let reason = match e {
+                    FormatError::TreeMember if item.tree.is_some() => format!(
+                        "the tree's manifest ({MANIFEST_NAME}) is missing: without it, deleted, added or rolled-back files cannot be found, so its files are not decrypted"
+                    ),
+                    e => human_error(&e),
+                };
                 report_failure(self.bar, &item.name, &reason);
                 self.failed.push(Note {
                     path: item.name,
@@ -181,6 +209,8 @@ struct Committed {
     ok: usize,
     bytes: u64,
     failed: Vec<Note>,
+    /// Files of trees now in place: tree, path, manifest entry.
+    members: Vec<(usize, Vec<u8>, FileEntry)>,
 }
 
 /// Finished outputs waiting for their fsync and rename. The committer thread mostly
@@ -230,11 +260,7 @@ fn bound_open_files() -> (usize, usize) {
 /// The committer: syncs and names each finished output, and syncs each directory
 /// named into once its run of outputs is over (trees are walked directory by
 /// directory), holding only one directory open.
-fn committer(
-    queue: mpsc::Receiver<(String, Output, u64)>,
-    force: bool,
-    bar: &ProgressBar,
-) -> Committed {
+fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) -> Committed {
     let mut done = Committed::default();
     let mut current: Option<dest::DirFd> = None;
     let sync = |dir: dest::DirFd, done: &mut Committed| {
@@ -247,11 +273,24 @@ fn committer(
             });
         }
     };
-    for (name, output, bytes) in queue {
+    for Finished {
+        name,
+        output,
+        bytes,
+        member,
+    } in queue
+    {
         match output.commit(force) {
             Ok(dir) => {
                 done.ok += 1;
                 done.bytes += bytes;
+                if let Some((tree, path, commitment)) = member {
+                    let entry = FileEntry {
+                        size: bytes,
+                        commitment,
+                    };
+                    done.members.push((tree, path, entry));
+                }
                 if let Some(dir) = dir {
                     match current.take() {
                         Some(cur) if cur.path == dir.path => current = Some(cur),
@@ -283,6 +322,14 @@ fn human_error(e: &FormatError) -> String {
             "no space left on the device (the partial output was removed)".to_string()
         }
         other => other.to_string(),
+    }
+}
+
+/// The path of a source, for messages.
+fn source_path(source: &plan::Source) -> PathBuf {
+    match source {
+        plan::Source::Stdin => PathBuf::from("(standard input)"),
+        plan::Source::File { path, .. } => path.clone(),
     }
 }
 
@@ -322,28 +369,49 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
     run(
         &args.common,
         Way::Encrypt,
+        &key,
         Some(aead),
-        |input, output, _| EncryptStream::new(input, output, &key, SealParams::new(aead)),
+        |input, output, _, tree| {
+            let params = match tree {
+                Some((path, _)) => SealParams::new(aead).tree_path(path),
+                None => SealParams::new(aead),
+            };
+            EncryptStream::new(input, output, &key, params)
+        },
     )
 }
 
 /// Runs `hetcrypt decrypt`.
 pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
-    run(&args.common, Way::Decrypt, None, |input, output, size| {
-        let stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt);
-        match size {
-            Some(len) => stream.with_input_len(len),
-            None => stream,
-        }
-    })
+    run(
+        &args.common,
+        Way::Decrypt,
+        &key,
+        None,
+        |input, output, size, tree| {
+            let mut stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt);
+            if let Some(len) = size {
+                stream = stream.with_input_len(len);
+            }
+            if let Some((path, commitment)) = tree {
+                stream = stream.in_tree(path, commitment);
+            }
+            stream
+        },
+    )
 }
+
+/// A file's place in its tree: its path, and (decrypting) the commitment the tree's
+/// manifest lists for it.
+type TreeBinding = Option<(Vec<u8>, Option<[u8; 32]>)>;
 
 fn run<S: FileStream>(
     args: &Common,
     way: Way,
+    key: &[u8],
     aead: Option<Aead>,
-    make: impl Fn(Input, Output, Option<u64>) -> S,
+    make: impl Fn(Input, Output, Option<u64>, TreeBinding) -> S,
 ) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let policy = hetcrypt::policy::by_name(&args.policy).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -376,6 +444,23 @@ fn run<S: FileStream>(
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
     let (window, queue_len) = bound_open_files();
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
+    // Decrypting, each tree's manifest is read and authenticated before its files.
+    let mut trees: Vec<tree::TreeState> = Vec::new();
+    for root in plan.trees() {
+        let state = match way {
+            Way::Decrypt => tree::load(root, &mut pipeline, key),
+            Way::Encrypt => tree::TreeState::new(root),
+        };
+        if let Some(reason) = &state.unusable {
+            let note = Note {
+                path: plan::show(&root.dir),
+                reason: format!("not decrypted: {reason}"),
+            };
+            report_failure(&bar, &note.path, &note.reason);
+            plan_failed.push(note);
+        }
+        trees.push(state);
+    }
     let (commits, queue) = mpsc::sync_channel(queue_len);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let committer = scope.spawn(|| committer(queue, args.force, &bar));
@@ -388,6 +473,38 @@ fn run<S: FileStream>(
         let items = std::iter::from_fn(|| loop {
             match plan.next()? {
                 plan::Entry::Work(w) => {
+                    let binding = match &w.tree {
+                        None => None,
+                        Some((_, path)) if way == Way::Encrypt => Some((path.clone(), None)),
+                        Some((index, path)) => {
+                            let state = &mut trees[*index];
+                            let fail = |reason: String| Note {
+                                path: plan::show(&source_path(&w.source)),
+                                reason,
+                            };
+                            if state.unusable.is_some() {
+                                // Said once for the whole tree.
+                                continue;
+                            }
+                            match &state.manifest {
+                                None => None,
+                                Some(m) => {
+                                    state.seen.insert(path.clone());
+                                    match m.get(path) {
+                                        Some(e) => Some((path.clone(), Some(e.commitment))),
+                                        None => {
+                                            let note = fail(
+                                                "not in the tree's manifest: added, or renamed from another name; not decrypted".into(),
+                                            );
+                                            report_failure(&bar, &note.path, &note.reason);
+                                            plan_failed.push(note);
+                                            continue;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    };
                     let (input, name, mode, size) = match &w.source {
                         plan::Source::Stdin => (
                             Input::Stdin(std::io::stdin()),
@@ -424,8 +541,9 @@ fn run<S: FileStream>(
                     };
                     let output = Output::new(w.dest, mode);
                     return Some(Item {
-                        stream: make(input, output, size),
+                        stream: make(input, output, size, binding),
                         name,
+                        tree: w.tree,
                     });
                 }
                 plan::Entry::Dir(dir) => match io::make_dir(&dir.dest) {
@@ -477,6 +595,65 @@ fn run<S: FileStream>(
     let mut all_failed = plan_failed;
     all_failed.extend(failed);
     all_failed.extend(committed.failed);
+    match (way, aead) {
+        (Way::Decrypt, _) => {
+            // Files the manifests list that the walks did not meet.
+            for state in trees.iter().filter(|t| t.root.whole) {
+                let Some(m) = &state.manifest else { continue };
+                for (path, _) in m.iter().filter(|(p, _)| !state.seen.contains(*p)) {
+                    use std::os::unix::ffi::OsStrExt;
+                    let mut name = std::path::Path::new(std::ffi::OsStr::from_bytes(path))
+                        .as_os_str()
+                        .to_os_string();
+                    name.push(plan::SUFFIX);
+                    let note = Note {
+                        path: plan::show(&state.root.dir.join(name)),
+                        reason:
+                            "missing from the tree: its manifest lists it (deleted, or renamed)"
+                                .into(),
+                    };
+                    report_failure(&bar, &note.path, &note.reason);
+                    all_failed.push(note);
+                }
+            }
+        }
+        (Way::Encrypt, Some(aead)) => {
+            // Each tree's manifest, once its files are in place.
+            for (index, state) in trees.iter().enumerate() {
+                let mut manifest = Manifest::new();
+                let mut result = Ok(());
+                for (_, path, entry) in committed.members.iter().filter(|m| m.0 == index) {
+                    result = result.and_then(|()| manifest.insert(path, *entry));
+                }
+                let written = result.map_err(|e| e.to_string()).and_then(|()| {
+                    tree::write(
+                        &state.root.out,
+                        &manifest,
+                        &mut pipeline,
+                        key,
+                        aead,
+                        args.force,
+                    )
+                });
+                match written {
+                    Ok(dir) => {
+                        if let Some(dir) = dir {
+                            let _ = rustix::fs::fsync(&*dir.fd);
+                        }
+                    }
+                    Err(reason) => {
+                        let note = Note {
+                            path: plan::show(&state.root.out.path().join(MANIFEST_NAME)),
+                            reason: format!("cannot write the tree's manifest: {reason}"),
+                        };
+                        report_failure(&bar, &note.path, &note.reason);
+                        all_failed.push(note);
+                    }
+                }
+            }
+        }
+        (Way::Encrypt, None) => {}
+    }
 
     let seconds = start.elapsed().as_secs_f64();
     let summary = Summary {

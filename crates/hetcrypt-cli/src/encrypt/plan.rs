@@ -10,8 +10,10 @@
 //!   directory as a subdirectory of the same name.
 //!
 //! Symbolic links and special files inside trees are skipped (listed, not followed);
-//! when decrypting a tree, files without the `.hc` suffix are skipped. Every directory
-//! of a tree, empty ones included, is recreated under OUT with its permission bits.
+//! when decrypting a tree, files without the `.hc` suffix are skipped (and the tree's
+//! manifest is read apart). Every directory of a tree, empty ones included, is
+//! recreated under OUT with its permission bits. Each file of a tree carries its path
+//! in the tree, which its key binds and its tree's manifest lists.
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -66,6 +68,22 @@ pub struct Work {
     pub dest: Dest,
     /// Input size when known (for the progress bar).
     pub size: Option<u64>,
+    /// For a file of a tree: the tree's index in [`Plan::trees`] and the plaintext
+    /// file's path relative to the tree (what the manifest lists and the key binds).
+    pub tree: Option<(usize, Vec<u8>)>,
+}
+
+/// A directory tree given as input, and where its mirror goes.
+#[derive(Debug, Clone)]
+pub struct TreeRoot {
+    /// The input directory.
+    pub dir: PathBuf,
+    /// The output tree's root.
+    pub out: Target,
+    /// Whether the whole tree is processed (false: a member decrypted on its own,
+    /// whose tree is only consulted): only then are files the manifest lists but the
+    /// walk did not meet reported missing.
+    pub whole: bool,
 }
 
 /// A directory of an input tree and its mirror in the output tree.
@@ -106,8 +124,8 @@ pub enum Entry {
 enum Root {
     /// Already decided (a single file, stdin, or a failure).
     Ready(Entry),
-    /// A directory to walk, mirrored under `out`.
-    Tree { dir: PathBuf, out: Target },
+    /// A directory to walk: its index in [`Plan::trees`].
+    Tree(usize),
 }
 
 /// A directory walk in progress.
@@ -119,7 +137,8 @@ pub struct Plan {
     way: Way,
     force: bool,
     roots: VecDeque<Root>,
-    walk: Option<(Walk, PathBuf, Target)>,
+    walk: Option<(Walk, usize)>,
+    trees: Vec<TreeRoot>,
     stdout: bool,
 }
 
@@ -156,8 +175,8 @@ impl Plan {
             match root {
                 Root::Ready(Entry::Work(w)) => total += w.size?,
                 Root::Ready(_) => {}
-                Root::Tree { dir, .. } => {
-                    for e in walkdir::WalkDir::new(dir)
+                Root::Tree(index) => {
+                    for e in walkdir::WalkDir::new(&self.trees[*index].dir)
                         .follow_links(false)
                         .into_iter()
                         .flatten()
@@ -209,6 +228,7 @@ impl Plan {
             },
             dest,
             size: Some(meta.len()),
+            tree: None,
         })
     }
 
@@ -223,8 +243,76 @@ impl Plan {
         )
     }
 
-    /// The entry for one item of a walk of `dir` mirrored under `out`.
-    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, dir: &Path, out: &Target) -> Entry {
+    /// The input trees, in order.
+    pub fn trees(&self) -> &[TreeRoot] {
+        &self.trees
+    }
+
+    /// For a file decrypted on its own that is a tree member (its wrapper has the tree
+    /// flag): the tree it belongs to, the nearest directory above it that holds a
+    /// manifest, and the file's plaintext path there. The manifest then vouches for it
+    /// as in a whole-tree run.
+    fn tree_of_member(&mut self, input: &Path) -> Option<(usize, Vec<u8>)> {
+        use std::io::Read as _;
+        use std::os::unix::ffi::OsStrExt;
+        if self.way != Way::Decrypt {
+            return None;
+        }
+        let mut wrapper = [0u8; hetcrypt_format::header::WRAPPER_LEN];
+        std::fs::File::open(input)
+            .and_then(|mut f| f.read_exact(&mut wrapper))
+            .ok()?;
+        if !hetcrypt_format::Wrapper::parse(&wrapper).is_ok_and(|w| w.tree) {
+            return None;
+        }
+        let abs = resolved(input);
+        let name = out_name(abs.file_name()?, Way::Decrypt)?;
+        let mut dir = abs.parent()?;
+        loop {
+            let manifest = dir.join(hetcrypt_format::manifest::MANIFEST_NAME);
+            if manifest.symlink_metadata().is_ok_and(|m| m.is_file()) {
+                let rel = abs.strip_prefix(dir).ok()?.with_file_name(name);
+                let index = match self.trees.iter().position(|t| !t.whole && t.dir == dir) {
+                    Some(i) => i,
+                    None => {
+                        self.trees.push(TreeRoot {
+                            dir: dir.to_path_buf(),
+                            out: Target::new(".", ""),
+                            whole: false,
+                        });
+                        self.trees.len() - 1
+                    }
+                };
+                return Some((index, rel.as_os_str().as_bytes().to_vec()));
+            }
+            dir = dir.parent()?;
+        }
+    }
+
+    /// The entry for one item of the walk of tree `index`; `None` for the tree's
+    /// manifest, which decrypting reads first and apart.
+    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, index: usize) -> Option<Entry> {
+        let TreeRoot { dir, out, .. } = &self.trees[index];
+        let dir = dir.as_path();
+        if let Ok(e) = &item {
+            if self.way == Way::Decrypt
+                && e.depth() == 1
+                && e.file_name() == hetcrypt_format::manifest::MANIFEST_NAME
+            {
+                return None;
+            }
+        }
+        Some(self.walked_entry(item, dir, out, index))
+    }
+
+    fn walked_entry(
+        &self,
+        item: walkdir::Result<walkdir::DirEntry>,
+        dir: &Path,
+        out: &Target,
+        index: usize,
+    ) -> Entry {
+        use std::os::unix::ffi::OsStrExt;
         use std::os::unix::fs::PermissionsExt;
         let entry = match item {
             Ok(e) => e,
@@ -261,12 +349,24 @@ impl Plan {
         let Some(name) = out_name(entry.file_name(), self.way) else {
             return Entry::Skipped(Self::note(path, format!("no {SUFFIX} suffix")));
         };
+        // The plaintext file's path in the tree: the input's when encrypting, the
+        // output's when decrypting.
+        let plain_rel = match self.way {
+            Way::Encrypt => rel.to_path_buf(),
+            Way::Decrypt => rel.with_file_name(&name),
+        };
         let dest = match rel.parent() {
             Some(p) => Target::new(&out.root, out.rel.join(p).join(name)),
             None => Target::new(&out.root, out.rel.join(name)),
         };
         match entry.metadata() {
-            Ok(meta) => self.file(path, &meta, Dest::File(dest), false),
+            Ok(meta) => match self.file(path, &meta, Dest::File(dest), false) {
+                Entry::Work(mut w) => {
+                    w.tree = Some((index, plain_rel.as_os_str().as_bytes().to_vec()));
+                    Entry::Work(w)
+                }
+                other => other,
+            },
             Err(e) => Entry::Failed(Self::note(path, e.to_string())),
         }
     }
@@ -277,19 +377,22 @@ impl Iterator for Plan {
 
     fn next(&mut self) -> Option<Entry> {
         loop {
-            if let Some((walk, dir, out)) = &mut self.walk {
+            if let Some((walk, index)) = &mut self.walk {
                 match walk.next() {
                     Some(item) => {
-                        let (dir, out) = (dir.clone(), out.clone());
-                        return Some(self.walked(item, &dir, &out));
+                        let index = *index;
+                        match self.walked(item, index) {
+                            Some(entry) => return Some(entry),
+                            None => continue,
+                        }
                     }
                     None => self.walk = None,
                 }
             }
             match self.roots.pop_front()? {
                 Root::Ready(entry) => return Some(entry),
-                Root::Tree { dir, out } => {
-                    self.walk = Some((Self::start_walk(&dir), dir, out));
+                Root::Tree(index) => {
+                    self.walk = Some((Self::start_walk(&self.trees[index].dir), index));
                 }
             }
         }
@@ -392,6 +495,7 @@ pub fn plan(
         force,
         roots: VecDeque::new(),
         walk: None,
+        trees: Vec::new(),
         stdout: false,
     };
     let is_dash = |x: &Path| x.as_os_str() == "-";
@@ -420,6 +524,7 @@ pub fn plan(
                 source: Source::Stdin,
                 dest,
                 size: None,
+                tree: None,
             })));
             return Ok(p);
         }
@@ -445,10 +550,12 @@ pub fn plan(
                 bail!("{} exists and is not a directory", show(root));
             }
             refuse_output_inside(input, root)?;
-            p.roots.push_back(Root::Tree {
+            p.trees.push(TreeRoot {
                 dir: input.clone(),
                 out: Target::new(root, ""),
+                whole: true,
             });
+            p.roots.push_back(Root::Tree(p.trees.len() - 1));
             return Ok(p);
         }
         if !meta.is_file() {
@@ -477,7 +584,7 @@ pub fn plan(
                 ),
             },
         };
-        let entry = if dest == Dest::Stdout {
+        let mut entry = if dest == Dest::Stdout {
             p.stdout = true;
             Entry::Work(Work {
                 source: Source::File {
@@ -486,10 +593,14 @@ pub fn plan(
                 },
                 dest,
                 size: Some(meta.len()),
+                tree: None,
             })
         } else {
             p.file(input, &meta, dest, true)
         };
+        if let Entry::Work(w) = &mut entry {
+            w.tree = p.tree_of_member(input);
+        }
         p.roots.push_back(Root::Ready(entry));
         return Ok(p);
     }
@@ -547,12 +658,18 @@ pub fn plan(
             continue;
         }
         let entry = if meta.is_dir() {
-            Root::Tree {
+            p.trees.push(TreeRoot {
                 dir: input.clone(),
                 out: dest,
-            }
+                whole: true,
+            });
+            Root::Tree(p.trees.len() - 1)
         } else {
-            Root::Ready(p.file(input, &meta, Dest::File(dest), true))
+            let mut entry = p.file(input, &meta, Dest::File(dest), true);
+            if let Entry::Work(w) = &mut entry {
+                w.tree = p.tree_of_member(input);
+            }
+            Root::Ready(entry)
         };
         p.roots.push_back(entry);
     }

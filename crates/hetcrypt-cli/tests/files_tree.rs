@@ -1,0 +1,195 @@
+//! Issue 19, item 4: an encrypted tree is authenticated as a whole. A file swapped
+//! with another, renamed, deleted, added, or rolled back to an older version of
+//! itself, and a deleted manifest, are each found and named, and nothing is written
+//! for the files involved; the rest of the tree still decrypts.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+mod files_support;
+use files_support::{assert_no_temporaries, run, stderr};
+
+fn key(dir: &Path) -> PathBuf {
+    let key = dir.join("key");
+    let o = run(&[&"keygen", &"-o", &key]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    key
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in walkdir::WalkDir::new(from) {
+        let e = e.unwrap();
+        let dest = to.join(e.path().strip_prefix(from).unwrap());
+        if e.file_type().is_dir() {
+            fs::create_dir_all(&dest).unwrap();
+        } else {
+            fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// Decrypts `enc` into a fresh folder: (summary, output folder).
+fn decrypt(key: &Path, enc: &Path, out: &Path) -> serde_json::Value {
+    let o = run(&[&"decrypt", &"--json", &"--key", &key, &enc, &"-o", &out]);
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&o)))
+}
+
+/// The reason given for the failed path ending in `name`.
+fn reason(s: &serde_json::Value, name: &str) -> String {
+    s["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().ends_with(name))
+        .map(|f| f["reason"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("{name} not listed as failed: {s:#}"))
+}
+
+#[test]
+fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("a"), b"version 1 of a").unwrap();
+    fs::write(src.join("b"), b"b").unwrap();
+    fs::write(src.join("sub/c"), b"c").unwrap();
+    let old = t.path().join("old");
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &src, &"-o", &old]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    fs::write(src.join("a"), b"version 2 of a").unwrap();
+    let enc = t.path().join("enc");
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &src, &"-o", &enc]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Another tree under the same key, to take a file from.
+    let other_src = t.path().join("other-src");
+    fs::create_dir(&other_src).unwrap();
+    fs::write(other_src.join("x"), b"x").unwrap();
+    let other = t.path().join("other");
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &other_src, &"-o", &other]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // The untouched tree decrypts.
+    let s = decrypt(&key, &enc, &t.path().join("dec-ok"));
+    assert_eq!(s["files_failed"], 0, "{s:#}");
+    assert_eq!(s["files_ok"], 3);
+
+    // (case, change to a copy of the tree, failed names and their reason, unwritten)
+    type Change = fn(&Path, &Path, &Path);
+    type Case<'a> = (&'a str, Change, &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 6] = [
+        (
+            "swap",
+            |e, _, _| {
+                let (a, b) = (
+                    fs::read(e.join("a.hc")).unwrap(),
+                    fs::read(e.join("b.hc")).unwrap(),
+                );
+                fs::write(e.join("a.hc"), b).unwrap();
+                fs::write(e.join("b.hc"), a).unwrap();
+            },
+            &[
+                ("a.hc", "does not match the tree's manifest"),
+                ("b.hc", "does not match"),
+            ],
+            &["a", "b"],
+        ),
+        (
+            "rename",
+            |e, _, _| fs::rename(e.join("b.hc"), e.join("renamed.hc")).unwrap(),
+            &[
+                ("renamed.hc", "not in the tree's manifest"),
+                ("b.hc", "missing from the tree"),
+            ],
+            &["b", "renamed"],
+        ),
+        (
+            "delete",
+            |e, _, _| fs::remove_file(e.join("sub/c.hc")).unwrap(),
+            &[("sub/c.hc", "missing from the tree")],
+            &["sub/c"],
+        ),
+        (
+            "add",
+            |e, _, other| {
+                fs::copy(other.join("x.hc"), e.join("x.hc"))
+                    .map(drop)
+                    .unwrap()
+            },
+            &[("x.hc", "not in the tree's manifest")],
+            &["x"],
+        ),
+        (
+            "rollback",
+            |e, old, _| {
+                fs::copy(old.join("a.hc"), e.join("a.hc"))
+                    .map(drop)
+                    .unwrap()
+            },
+            &[("a.hc", "rolled back")],
+            &["a"],
+        ),
+        (
+            "manifest deleted",
+            |e, _, _| fs::remove_file(e.join(".hetcrypt-manifest")).unwrap(),
+            &[
+                ("a.hc", "manifest (.hetcrypt-manifest) is missing"),
+                ("b.hc", "is missing"),
+                ("sub/c.hc", "is missing"),
+            ],
+            &["a", "b", "sub/c"],
+        ),
+    ];
+    for (case, change, failures, unwritten) in cases {
+        let copy = t.path().join(format!("enc-{case}"));
+        copy_tree(&enc, &copy);
+        change(&copy, &old, &other);
+        let out = t.path().join(format!("dec-{case}"));
+        let s = decrypt(&key, &copy, &out);
+        assert_eq!(s["files_failed"], failures.len(), "{case}: {s:#}");
+        for (name, why) in failures {
+            let r = reason(&s, name);
+            assert!(r.contains(why), "{case}: {name}: {r}");
+        }
+        for name in unwritten {
+            assert!(!out.join(name).exists(), "{case}: {name} was written");
+        }
+        assert_no_temporaries(&out);
+    }
+    // The untouched rest still came back in the partial cases.
+    assert_eq!(fs::read(t.path().join("dec-swap/sub/c")).unwrap(), b"c");
+    assert_eq!(fs::read(t.path().join("dec-rollback/b")).unwrap(), b"b");
+
+    // One member on its own is checked against its tree's manifest too; a member
+    // taken out of its tree is refused.
+    let o = run(&[
+        &"decrypt",
+        &"--key",
+        &key,
+        &enc.join("sub/c.hc"),
+        &"-o",
+        &"-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout, b"c");
+    let o = run(&[
+        &"decrypt",
+        &"--key",
+        &key,
+        &t.path().join("enc-rollback/a.hc"),
+        &"-o",
+        &"-",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("rolled back"), "{}", stderr(&o));
+    let alone = t.path().join("alone.hc");
+    fs::copy(enc.join("b.hc"), &alone).unwrap();
+    let o = run(&[&"decrypt", &"--key", &key, &alone, &"-o", &"-"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("member of an encrypted tree"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty());
+}
