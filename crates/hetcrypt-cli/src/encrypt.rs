@@ -45,7 +45,9 @@ struct Common {
     #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<PathBuf>,
     /// Output: a file (`-`: standard output) for one file, a directory for a tree or
-    /// several inputs. Default for one file: beside it, `.hc` added or removed.
+    /// several inputs (every folder recreated, empty ones included; an encrypted tree
+    /// gets a `.hetcrypt-manifest` that decrypt checks). Default for one file: beside
+    /// it, `.hc` added or removed.
     #[arg(short, long, value_name = "OUT")]
     output: Option<PathBuf>,
     /// Scheduling policy (`pull`, `only:<engine>`, ...).
@@ -512,32 +514,34 @@ fn run<S: FileStream>(
                             None,
                             None,
                         ),
-                        plan::Source::File { path, follow } => {
-                            match io::open_source(path, *follow) {
-                                Ok(Opened::File { file, mode, stamp }) => (
-                                    Input::file(file, path, stamp),
-                                    plan::show(path),
-                                    Some(mode),
-                                    Some(stamp.size()),
-                                ),
-                                Ok(Opened::NotRegular(reason)) => {
-                                    skipped.push(Note {
-                                        path: plan::show(path),
-                                        reason,
-                                    });
-                                    continue;
-                                }
-                                Err(e) => {
-                                    let note = Note {
-                                        path: plan::show(path),
-                                        reason: format!("cannot open: {e}"),
-                                    };
-                                    report_failure(&bar, &note.path, &note.reason);
-                                    plan_failed.push(note);
-                                    continue;
-                                }
+                        plan::Source::File {
+                            path,
+                            follow,
+                            beneath,
+                        } => match io::open_source(path, *follow, beneath.as_deref()) {
+                            Ok(Opened::File { file, mode, stamp }) => (
+                                Input::file(file, path, stamp),
+                                plan::show(path),
+                                Some(mode),
+                                Some(stamp.size()),
+                            ),
+                            Ok(Opened::NotRegular(reason)) => {
+                                skipped.push(Note {
+                                    path: plan::show(path),
+                                    reason,
+                                });
+                                continue;
                             }
-                        }
+                            Err(e) => {
+                                let note = Note {
+                                    path: plan::show(path),
+                                    reason: format!("cannot open: {e}"),
+                                };
+                                report_failure(&bar, &note.path, &note.reason);
+                                plan_failed.push(note);
+                                continue;
+                            }
+                        },
                     };
                     let output = Output::new(w.dest, mode);
                     return Some(Item {

@@ -30,7 +30,7 @@ enum Command {
     Speed(speed::Args),
     /// The seeds' experiment: many small files, every policy, tables and charts.
     Bench(bench::Args),
-    /// Create a random key file (mode 0600).
+    /// Create a random key file (mode 0600), or print a key (`-o -`).
     Keygen(keygen::Args),
     /// Encrypt files or directory trees (C2SP chunked encryption).
     Encrypt(encrypt::EncryptArgs),

@@ -222,3 +222,42 @@ fn an_output_inside_its_input_is_refused_before_anything_is_written() {
     assert!(stderr(&o).contains("inside the input"), "{}", stderr(&o));
     assert!(!nest.join("d/other.hc").exists());
 }
+
+#[test]
+fn a_source_directory_swapped_for_a_link_after_listing_is_not_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let outside = t.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("f"), b"root's secret").unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), b"listed").unwrap();
+    // The hook replaces `sub` by a link to `outside` just before `sub/f` is opened.
+    let swap = t.path().join("swap");
+    fs::create_dir(&swap).unwrap();
+    symlink(&outside, swap.join("sub")).unwrap();
+    let vault = t.path().join("vault");
+    let o = hetcrypt()
+        .args(["encrypt", "--json", "--key"])
+        .arg(&key)
+        .arg(&src)
+        .arg("-o")
+        .arg(&vault)
+        .env("HETCRYPT_TEST_SWAP_DIR", &swap)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        src.join("sub").symlink_metadata().unwrap().is_symlink(),
+        "hook did not run"
+    );
+    let s = json(&o);
+    assert_eq!(s["files_ok"], 0, "{s}");
+    let reason = s["skipped"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("not followed"), "{reason}");
+    assert!(
+        !vault.join("sub/f.hc").exists(),
+        "read through the swapped-in link"
+    );
+}

@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FileType, Mode, OFlags, CWD};
@@ -179,16 +180,51 @@ pub enum Opened {
     NotRegular(String),
 }
 
-/// Opens a source without following a link in its last component (unless `follow`:
-/// a path the user named) and without blocking (a FIFO swapped in must not hang the
-/// run), then types it by the opened descriptor.
-pub fn open_source(path: &Path, follow: bool) -> io::Result<Opened> {
+/// Opens the directory holding `path` (which lies under `root`) one component at a
+/// time from `root`, never following a link; a link on the way is reported as a
+/// reason to skip the file.
+fn open_parent_beneath(root: &Path, path: &Path) -> io::Result<Result<OwnedFd, Opened>> {
+    let rel = path.strip_prefix(root).map_err(io::Error::other)?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::openat(CWD, root, flags, Mode::empty())?;
+    let mut walked = root.to_path_buf();
+    for name in rel.parent().into_iter().flat_map(Path::components) {
+        walked.push(name);
+        dir = match rustix::fs::openat(&dir, name.as_os_str(), flags | OFlags::NOFOLLOW, Mode::empty()) {
+            Ok(next) => next,
+            Err(Errno::LOOP | Errno::NOTDIR) => {
+                return Ok(Err(Opened::NotRegular(format!(
+                    "{} is no longer a directory but a link or a file (found when opening), not followed",
+                    super::plan::show(&walked)
+                ))))
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(Ok(dir))
+}
+
+/// Opens a source without following a link (unless `follow`: a path the user named)
+/// and without blocking (a FIFO swapped in must not hang the run), then types it by
+/// the opened descriptor. A file of a tree is opened from the tree's root `beneath`,
+/// directory by directory, so a directory swapped for a link is not followed either.
+pub fn open_source(path: &Path, follow: bool, beneath: Option<&Path>) -> io::Result<Opened> {
     test_swap_before_open(path);
     let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
     if !follow {
         flags |= OFlags::NOFOLLOW;
     }
-    let fd = match rustix::fs::openat(CWD, path, flags, Mode::empty()) {
+    let opened = match beneath {
+        Some(root) => match open_parent_beneath(root, path)? {
+            Ok(dir) => {
+                let name = path.file_name().unwrap_or_default();
+                rustix::fs::openat(&dir, name, flags, Mode::empty())
+            }
+            Err(skip) => return Ok(skip),
+        },
+        None => rustix::fs::openat(CWD, path, flags, Mode::empty()),
+    };
+    let fd = match opened {
         Ok(fd) => fd,
         Err(Errno::LOOP) if !follow => {
             return Ok(Opened::NotRegular(
@@ -232,6 +268,17 @@ fn test_swap_before_open(path: &Path) {
     let swap = Path::new(&dir).join(name);
     if swap.symlink_metadata().is_ok() {
         let _ = std::fs::rename(&swap, path);
+    }
+    // `DIR/<parent's name>`: the file's directory is moved aside and replaced.
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some((parent, pname)) = parent.and_then(|p| Some((p, p.file_name()?))) {
+        let swap = Path::new(&dir).join(pname);
+        if swap.symlink_metadata().is_ok() {
+            let mut aside = pname.to_os_string();
+            aside.push(".orig");
+            let _ = std::fs::rename(parent, Path::new(&dir).join(aside));
+            let _ = std::fs::rename(&swap, parent);
+        }
     }
 }
 

@@ -47,6 +47,9 @@ pub enum Source {
         /// Whether a link in its last component is followed: only for a path the user
         /// named, never for an entry of a tree.
         follow: bool,
+        /// For an entry of a tree: the tree's root, from which it is opened directory
+        /// by directory without following links.
+        beneath: Option<PathBuf>,
     },
 }
 
@@ -225,6 +228,7 @@ impl Plan {
             source: Source::File {
                 path: path.to_path_buf(),
                 follow,
+                beneath: None,
             },
             dest,
             size: Some(meta.len()),
@@ -363,6 +367,9 @@ impl Plan {
             Ok(meta) => match self.file(path, &meta, Dest::File(dest), false) {
                 Entry::Work(mut w) => {
                     w.tree = Some((index, plain_rel.as_os_str().as_bytes().to_vec()));
+                    if let Source::File { beneath, .. } = &mut w.source {
+                        *beneath = Some(dir.to_path_buf());
+                    }
                     Entry::Work(w)
                 }
                 other => other,
@@ -590,6 +597,7 @@ pub fn plan(
                 source: Source::File {
                     path: input.clone(),
                     follow: true,
+                    beneath: None,
                 },
                 dest,
                 size: Some(meta.len()),

@@ -54,7 +54,7 @@ impl<S> Observer<S> for One<S> {
 pub fn load(root: &TreeRoot, pipeline: &mut Pipeline<'_>, key: &[u8]) -> TreeState {
     let mut state = TreeState::new(root);
     let path = root.dir.join(MANIFEST_NAME);
-    let mut file = match open_source(&path, false) {
+    let mut file = match open_source(&path, false, None) {
         Ok(Opened::File { file, .. }) => file,
         Ok(Opened::NotRegular(what)) => {
             state.unusable = Some(format!("{} is {what}", show(&path)));
