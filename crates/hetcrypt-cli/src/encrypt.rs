@@ -490,20 +490,17 @@ fn run<S: FileStream>(
                             }
                             match &state.manifest {
                                 None => None,
-                                Some(m) => {
-                                    state.seen.insert(path.clone());
-                                    match m.get(path) {
-                                        Some(e) => Some((path.clone(), Some(e.commitment))),
-                                        None => {
-                                            let note = fail(
+                                Some(m) => match m.get(path) {
+                                    Some(e) => Some((path.clone(), Some(e.commitment))),
+                                    None => {
+                                        let note = fail(
                                                 "not in the tree's manifest: added, or renamed from another name; not decrypted".into(),
                                             );
-                                            report_failure(&bar, &note.path, &note.reason);
-                                            plan_failed.push(note);
-                                            continue;
-                                        }
+                                        report_failure(&bar, &note.path, &note.reason);
+                                        plan_failed.push(note);
+                                        continue;
                                     }
-                                }
+                                },
                             }
                         }
                     };
@@ -543,6 +540,11 @@ fn run<S: FileStream>(
                             }
                         },
                     };
+                    if let (Way::Decrypt, Some((index, path))) = (way, &w.tree) {
+                        // Met and opened: not "missing" (a file skipped or failing to
+                        // open is reported as such, and is missing too).
+                        trees[*index].seen.insert(path.clone());
+                    }
                     let output = Output::new(w.dest, mode);
                     return Some(Item {
                         stream: make(input, output, size, binding),
@@ -604,14 +606,17 @@ fn run<S: FileStream>(
             // Files the manifests list that the walks did not meet.
             for state in trees.iter().filter(|t| t.root.whole) {
                 let Some(m) = &state.manifest else { continue };
-                for (path, _) in m.iter().filter(|(p, _)| !state.seen.contains(*p)) {
+                let missing = m
+                    .iter()
+                    .filter(|(p, _)| state.root.covers(p) && !state.seen.contains(*p));
+                for (path, _) in missing {
                     use std::os::unix::ffi::OsStrExt;
                     let mut name = std::path::Path::new(std::ffi::OsStr::from_bytes(path))
                         .as_os_str()
                         .to_os_string();
                     name.push(plan::SUFFIX);
                     let note = Note {
-                        path: plan::show(&state.root.dir.join(name)),
+                        path: plan::show(&state.root.manifest_at.join(name)),
                         reason:
                             "missing from the tree: its manifest lists it (deleted, or renamed)"
                                 .into(),

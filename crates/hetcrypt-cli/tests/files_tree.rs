@@ -193,3 +193,35 @@ fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written(
     );
     assert!(o.stdout.is_empty());
 }
+
+#[test]
+fn a_folder_of_an_encrypted_tree_is_checked_against_the_manifest_above_it() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("sub/deep")).unwrap();
+    fs::write(src.join("top"), b"top").unwrap();
+    fs::write(src.join("sub/s"), b"s").unwrap();
+    fs::write(src.join("sub/deep/d"), b"d").unwrap();
+    let enc = t.path().join("enc");
+    let o = run(&[&"encrypt", &"-q", &"--key", &key, &src, &"-o", &enc]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // The folder alone decrypts, checked against the root's manifest; files outside
+    // it are not reported missing.
+    let s = decrypt(&key, &enc.join("sub"), &t.path().join("dec-sub"));
+    assert_eq!(s["files_failed"], 0, "{s:#}");
+    assert_eq!(s["files_ok"], 2);
+    assert_eq!(fs::read(t.path().join("dec-sub/deep/d")).unwrap(), b"d");
+
+    // A file deleted inside the folder is missing; one moved into it from elsewhere
+    // in the tree does not match.
+    fs::remove_file(enc.join("sub/deep/d.hc")).unwrap();
+    fs::copy(enc.join("top.hc"), enc.join("sub/s.hc")).unwrap();
+    let out = t.path().join("dec-sub2");
+    let s = decrypt(&key, &enc.join("sub"), &out);
+    assert_eq!(s["files_failed"], 2, "{s:#}");
+    assert!(reason(&s, "sub/deep/d.hc").contains("missing from the tree"));
+    assert!(reason(&s, "sub/s.hc").contains("does not match"));
+    assert!(!out.join("s").exists());
+}

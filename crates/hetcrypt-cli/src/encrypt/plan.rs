@@ -87,6 +87,70 @@ pub struct TreeRoot {
     /// whose tree is only consulted): only then are files the manifest lists but the
     /// walk did not meet reported missing.
     pub whole: bool,
+    /// Decrypting: the directory whose manifest vouches for the files (the tree's
+    /// root, or the nearest directory above it that has a manifest when a folder of
+    /// an encrypted tree is decrypted alone).
+    pub manifest_at: PathBuf,
+    /// The walked directory's path in that manifest's tree (empty at its root).
+    pub prefix: Vec<u8>,
+}
+
+impl TreeRoot {
+    /// A tree walked from `dir` into `out`; decrypting, its manifest is looked for in
+    /// `dir`, then in the directories above it.
+    fn new(dir: &Path, out: Target, way: Way) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let here = TreeRoot {
+            dir: dir.to_path_buf(),
+            out,
+            whole: true,
+            manifest_at: dir.to_path_buf(),
+            prefix: Vec::new(),
+        };
+        if way == Way::Encrypt || has_manifest(dir) {
+            return here;
+        }
+        let abs = resolved(dir);
+        let mut above = abs.parent();
+        while let Some(a) = above {
+            if has_manifest(a) {
+                let rel = abs.strip_prefix(a).unwrap_or(Path::new(""));
+                return TreeRoot {
+                    manifest_at: a.to_path_buf(),
+                    prefix: rel.as_os_str().as_bytes().to_vec(),
+                    ..here
+                };
+            }
+            above = a.parent();
+        }
+        here
+    }
+
+    /// The path in the manifest of a file at `rel` under the walked directory.
+    pub fn manifest_path(&self, rel: &[u8]) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            return rel.to_vec();
+        }
+        let mut p = self.prefix.clone();
+        p.push(b'/');
+        p.extend_from_slice(rel);
+        p
+    }
+
+    /// Whether the manifest's `path` lies under the walked directory.
+    pub fn covers(&self, path: &[u8]) -> bool {
+        self.prefix.is_empty()
+            || path
+                .strip_prefix(self.prefix.as_slice())
+                .is_some_and(|rest| rest.first() == Some(&b'/'))
+    }
+}
+
+/// Whether `dir` holds a tree manifest.
+fn has_manifest(dir: &Path) -> bool {
+    dir.join(hetcrypt_format::manifest::MANIFEST_NAME)
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_file())
 }
 
 /// A directory of an input tree and its mirror in the output tree.
@@ -273,8 +337,7 @@ impl Plan {
         let name = out_name(abs.file_name()?, Way::Decrypt)?;
         let mut dir = abs.parent()?;
         loop {
-            let manifest = dir.join(hetcrypt_format::manifest::MANIFEST_NAME);
-            if manifest.symlink_metadata().is_ok_and(|m| m.is_file()) {
+            if has_manifest(dir) {
                 let rel = abs.strip_prefix(dir).ok()?.with_file_name(name);
                 let index = match self.trees.iter().position(|t| !t.whole && t.dir == dir) {
                     Some(i) => i,
@@ -283,6 +346,8 @@ impl Plan {
                             dir: dir.to_path_buf(),
                             out: Target::new(".", ""),
                             whole: false,
+                            manifest_at: dir.to_path_buf(),
+                            prefix: Vec::new(),
                         });
                         self.trees.len() - 1
                     }
@@ -366,7 +431,9 @@ impl Plan {
         match entry.metadata() {
             Ok(meta) => match self.file(path, &meta, Dest::File(dest), false) {
                 Entry::Work(mut w) => {
-                    w.tree = Some((index, plain_rel.as_os_str().as_bytes().to_vec()));
+                    let in_manifest =
+                        self.trees[index].manifest_path(plain_rel.as_os_str().as_bytes());
+                    w.tree = Some((index, in_manifest));
                     if let Source::File { beneath, .. } = &mut w.source {
                         *beneath = Some(dir.to_path_buf());
                     }
@@ -557,11 +624,8 @@ pub fn plan(
                 bail!("{} exists and is not a directory", show(root));
             }
             refuse_output_inside(input, root)?;
-            p.trees.push(TreeRoot {
-                dir: input.clone(),
-                out: Target::new(root, ""),
-                whole: true,
-            });
+            p.trees
+                .push(TreeRoot::new(input, Target::new(root, ""), way));
             p.roots.push_back(Root::Tree(p.trees.len() - 1));
             return Ok(p);
         }
@@ -666,11 +730,7 @@ pub fn plan(
             continue;
         }
         let entry = if meta.is_dir() {
-            p.trees.push(TreeRoot {
-                dir: input.clone(),
-                out: dest,
-                whole: true,
-            });
+            p.trees.push(TreeRoot::new(input, dest, way));
             Root::Tree(p.trees.len() - 1)
         } else {
             let mut entry = p.file(input, &meta, Dest::File(dest), true);

@@ -53,7 +53,7 @@ impl<S> Observer<S> for One<S> {
 /// Reads and authenticates the manifest of the tree `root`, if it has one.
 pub fn load(root: &TreeRoot, pipeline: &mut Pipeline<'_>, key: &[u8]) -> TreeState {
     let mut state = TreeState::new(root);
-    let path = root.dir.join(MANIFEST_NAME);
+    let path = root.manifest_at.join(MANIFEST_NAME);
     let mut file = match open_source(&path, false, None) {
         Ok(Opened::File { file, .. }) => file,
         Ok(Opened::NotRegular(what)) => {
