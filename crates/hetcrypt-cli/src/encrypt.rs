@@ -13,6 +13,7 @@ mod io;
 mod plan;
 mod summary;
 mod tree;
+mod walk;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -360,3 +360,66 @@ fn a_file_truncated_while_it_is_encrypted_fails_and_leaves_nothing() {
     assert!(out.join("still.hc").is_file());
     assert_no_temporaries(&out);
 }
+
+/// `levels` nested directories of 200-byte names under `root`, each holding a file `f`
+/// that says its level, made through descriptors (the paths exceed PATH_MAX).
+fn deep_tree(root: &Path, levels: usize) {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+    fs::create_dir(root).unwrap();
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+    let mut dir = openat(CWD, root, dir_flags, Mode::empty()).unwrap();
+    for level in 0..levels {
+        let name = format!("{level:02}{}", "x".repeat(198));
+        mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+        dir = openat(&dir, name.as_str(), dir_flags, Mode::empty()).unwrap();
+        let f = openat(
+            &dir,
+            "f",
+            OFlags::WRONLY | OFlags::CREATE,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        rustix::io::write(&f, format!("level {level}").as_bytes()).unwrap();
+    }
+}
+
+/// The contents of every `f` down a tree made by [`deep_tree`] (`.hc` for encrypted).
+fn deep_contents(root: &Path, levels: usize, file: &str) -> Vec<Vec<u8>> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+    let mut dir = openat(CWD, root, dir_flags, Mode::empty()).unwrap();
+    let mut out = Vec::new();
+    for level in 0..levels {
+        let name = format!("{level:02}{}", "x".repeat(198));
+        dir = openat(&dir, name.as_str(), dir_flags, Mode::empty()).unwrap();
+        let f = openat(&dir, file, OFlags::RDONLY, Mode::empty()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = rustix::io::read(&f, &mut buf).unwrap();
+        buf.truncate(n);
+        out.push(buf);
+    }
+    out
+}
+
+#[test]
+fn a_tree_deeper_than_path_max_is_walked_not_skipped() {
+    const LEVELS: usize = 25; // 25 x 201 bytes: about 5,000, past PATH_MAX (4,096)
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let src = t.path().join("src");
+    deep_tree(&src, LEVELS);
+    let enc = t.path().join("enc");
+    let dec = t.path().join("dec");
+    let o = run(&[&"encrypt", &"--json", &"--key", &key, &src, &"-o", &enc]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["files_ok"], LEVELS, "{s}");
+    assert_eq!(s["files_failed"], 0, "{s}");
+    assert_eq!(deep_contents(&enc, LEVELS, "f.hc").len(), LEVELS);
+    let o = run(&[&"decrypt", &"-q", &"--key", &key, &enc, &"-o", &dec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want: Vec<Vec<u8>> = (0..LEVELS)
+        .map(|l| format!("level {l}").into_bytes())
+        .collect();
+    assert_eq!(deep_contents(&dec, LEVELS, "f"), want);
+}

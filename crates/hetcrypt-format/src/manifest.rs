@@ -14,7 +14,7 @@
 //! "hetcrypt manifest v1\n"                      21 bytes
 //! count                                         u64, big-endian
 //! count entries, paths strictly increasing (bytewise):
-//!     path length                               u16, big-endian, 1..=4096
+//!     path length                               u16, big-endian, 1..=65535
 //!     path                                      bytes
 //!     plaintext size                            u64, big-endian
 //!     key commitment of the file's message      32 bytes
@@ -39,8 +39,9 @@ pub const MAGIC: &[u8; 21] = b"hetcrypt manifest v1\n";
 /// be mistaken for any other SHA-256 use.
 pub const PATH_DOMAIN: &[u8] = b"hetcrypt tree path v1\0";
 
-/// Longest relative path a manifest holds: Linux's PATH_MAX.
-pub const MAX_PATH_LEN: usize = 4096;
+/// Longest relative path a manifest holds: what its 16-bit length field can say. (A
+/// tree walked by descriptors can be deeper than PATH_MAX, 4,096 bytes.)
+pub const MAX_PATH_LEN: usize = u16::MAX as usize;
 
 /// The C2SP context of a tree member: its wrapper header and a digest of its relative
 /// path (the empty path is the manifest's). A digest keeps the context 44 bytes long
@@ -75,7 +76,7 @@ fn bad(why: impl Into<String>) -> FormatError {
     FormatError::BadManifest(why.into())
 }
 
-/// Checks a relative path: 1..=4096 bytes, no NUL, no leading or trailing `/`, no
+/// Checks a relative path: 1..=65535 bytes, no NUL, no leading or trailing `/`, no
 /// empty, `.` or `..` component.
 fn check_path(path: &[u8]) -> Result<()> {
     if path.is_empty() || path.len() > MAX_PATH_LEN {
@@ -139,7 +140,7 @@ impl Manifest {
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&(self.entries.len() as u64).to_be_bytes());
         for (path, e) in &self.entries {
-            let len = u16::try_from(path.len()).expect("checked at insert: at most 4096");
+            let len = u16::try_from(path.len()).expect("checked at insert: fits in 16 bits");
             out.extend_from_slice(&len.to_be_bytes());
             out.extend_from_slice(path);
             out.extend_from_slice(&e.size.to_be_bytes());

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 
 use super::dest::Target;
+use super::walk;
 
 /// The suffix of encrypted files.
 pub const SUFFIX: &str = ".hc";
@@ -195,8 +196,25 @@ enum Root {
     Tree(usize),
 }
 
-/// A directory walk in progress.
-type Walk = Box<dyn Iterator<Item = walkdir::Result<walkdir::DirEntry>>>;
+/// What the plan knows of a file before opening it: which file it is (to refuse an
+/// output onto its own input) and its size (for the progress bar).
+#[derive(Clone, Copy, Debug)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
+
+impl From<&std::fs::Metadata> for FileId {
+    fn from(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+        }
+    }
+}
 
 /// Everything a run will do, produced lazily: trees are walked as the pipeline asks for
 /// the next file, so memory does not grow with the number of files.
@@ -204,7 +222,7 @@ pub struct Plan {
     way: Way,
     force: bool,
     roots: VecDeque<Root>,
-    walk: Option<(Walk, usize)>,
+    walk: Option<(walk::Walk, usize)>,
     trees: Vec<TreeRoot>,
     stdout: bool,
 }
@@ -243,13 +261,14 @@ impl Plan {
                 Root::Ready(Entry::Work(w)) => total += w.size?,
                 Root::Ready(_) => {}
                 Root::Tree(index) => {
-                    for e in walkdir::WalkDir::new(&self.trees[*index].dir)
-                        .follow_links(false)
-                        .into_iter()
-                        .flatten()
-                    {
-                        if e.file_type().is_file() {
-                            total += e.metadata().map_or(0, |m| m.len());
+                    for item in walk::Walk::new(&self.trees[*index].dir) {
+                        if let walk::Item::Entry {
+                            kind: walk::Kind::File,
+                            meta,
+                            ..
+                        } = item
+                        {
+                            total += meta.size;
                         }
                     }
                 }
@@ -266,12 +285,12 @@ impl Plan {
     }
 
     /// The entry for a regular file going to `dest`, unless the destination is taken.
-    fn file(&self, path: &Path, meta: &std::fs::Metadata, dest: Dest, follow: bool) -> Entry {
+    fn file(&self, path: &Path, meta: FileId, dest: Dest, follow: bool) -> Entry {
         use std::os::unix::fs::MetadataExt;
         if let Dest::File(t) = &dest {
             let d = &t.path();
             if let Ok(dm) = d.symlink_metadata() {
-                if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
+                if dm.dev() == meta.dev && dm.ino() == meta.ino {
                     return Entry::Failed(Self::note(
                         path,
                         "the output would replace the input itself",
@@ -295,20 +314,9 @@ impl Plan {
                 beneath: None,
             },
             dest,
-            size: Some(meta.len()),
+            size: Some(meta.len),
             tree: None,
         })
-    }
-
-    /// Starts walking `dir` (the output tree never lies inside it: [`plan`] refuses
-    /// that).
-    fn start_walk(dir: &Path) -> Walk {
-        Box::new(
-            walkdir::WalkDir::new(dir)
-                .follow_links(false)
-                .sort_by_file_name()
-                .into_iter(),
-        )
     }
 
     /// The input trees, in order.
@@ -360,89 +368,71 @@ impl Plan {
 
     /// The entry for one item of the walk of tree `index`; `None` for the tree's
     /// manifest, which decrypting reads first and apart.
-    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, index: usize) -> Option<Entry> {
-        let TreeRoot { dir, out, .. } = &self.trees[index];
-        let dir = dir.as_path();
-        if let Ok(e) = &item {
-            if self.way == Way::Decrypt
-                && e.depth() == 1
-                && e.file_name() == hetcrypt_format::manifest::MANIFEST_NAME
-            {
-                return None;
-            }
-        }
-        Some(self.walked_entry(item, dir, out, index))
-    }
-
-    fn walked_entry(
-        &self,
-        item: walkdir::Result<walkdir::DirEntry>,
-        dir: &Path,
-        out: &Target,
-        index: usize,
-    ) -> Entry {
+    fn walked(&self, item: walk::Item, index: usize) -> Option<Entry> {
         use std::os::unix::ffi::OsStrExt;
-        use std::os::unix::fs::PermissionsExt;
-        let entry = match item {
-            Ok(e) => e,
-            Err(e) => {
-                let path = e.path().unwrap_or(dir).to_path_buf();
-                let reason = match e.io_error() {
-                    Some(io) => io.to_string(),
-                    None => e.to_string(),
-                };
-                return Entry::Failed(Self::note(&path, reason));
+        let TreeRoot { dir, out, .. } = &self.trees[index];
+        let (rel, kind, meta) = match item {
+            walk::Item::Error { rel, error } => {
+                return Some(Entry::Failed(Self::note(&dir.join(rel), error.to_string())))
             }
+            walk::Item::Dir { rel, mode } => {
+                return Some(Entry::Dir(Dir {
+                    source: dir.join(&rel),
+                    dest: Target::new(&out.root, out.rel.join(&rel)),
+                    mode,
+                }))
+            }
+            walk::Item::Entry { rel, kind, meta } => (rel, kind, meta),
         };
-        let path = entry.path();
-        let ft = entry.file_type();
-        let rel = path
-            .strip_prefix(dir)
-            .expect("walkdir yields paths under its root");
-        if ft.is_dir() {
-            return match entry.metadata() {
-                Ok(meta) => Entry::Dir(Dir {
-                    source: path.to_path_buf(),
-                    dest: Target::new(&out.root, out.rel.join(rel)),
-                    mode: meta.permissions().mode() & 0o7777,
-                }),
-                Err(e) => Entry::Failed(Self::note(path, e.to_string())),
-            };
+        let path = dir.join(&rel);
+        let file_name = rel.file_name().unwrap_or_default();
+        if self.way == Way::Decrypt
+            && rel.parent() == Some(Path::new(""))
+            && file_name == hetcrypt_format::manifest::MANIFEST_NAME
+        {
+            return None;
         }
-        if ft.is_symlink() {
-            return Entry::Skipped(Self::note(path, "symbolic link, not followed"));
+        match kind {
+            walk::Kind::File => {}
+            walk::Kind::Link => {
+                return Some(Entry::Skipped(Self::note(
+                    &path,
+                    "symbolic link, not followed",
+                )))
+            }
+            walk::Kind::Dir | walk::Kind::Other => {
+                return Some(Entry::Skipped(Self::note(&path, "not a regular file")))
+            }
         }
-        if !ft.is_file() {
-            return Entry::Skipped(Self::note(path, "not a regular file"));
-        }
-        let Some(name) = out_name(entry.file_name(), self.way) else {
-            return Entry::Skipped(Self::note(path, format!("no {SUFFIX} suffix")));
+        let Some(name) = out_name(file_name, self.way) else {
+            return Some(Entry::Skipped(Self::note(
+                &path,
+                format!("no {SUFFIX} suffix"),
+            )));
         };
         // The plaintext file's path in the tree: the input's when encrypting, the
         // output's when decrypting.
         let plain_rel = match self.way {
-            Way::Encrypt => rel.to_path_buf(),
+            Way::Encrypt => rel.clone(),
             Way::Decrypt => rel.with_file_name(&name),
         };
-        let dest = match rel.parent() {
-            Some(p) => Target::new(&out.root, out.rel.join(p).join(name)),
-            None => Target::new(&out.root, out.rel.join(name)),
+        let dest = Target::new(&out.root, out.rel.join(rel.with_file_name(&name)));
+        let id = FileId {
+            dev: meta.dev,
+            ino: meta.ino,
+            len: meta.size,
         };
-        match entry.metadata() {
-            Ok(meta) => match self.file(path, &meta, Dest::File(dest), false) {
-                Entry::Work(mut w) => {
-                    let in_manifest =
-                        self.trees[index].manifest_path(plain_rel.as_os_str().as_bytes());
-                    w.tree = Some((index, in_manifest));
-                    if let Source::File { beneath, .. } = &mut w.source {
-                        *beneath = Some(dir.to_path_buf());
-                    }
-                    Entry::Work(w)
+        Some(match self.file(&path, id, Dest::File(dest), false) {
+            Entry::Work(mut w) => {
+                let in_manifest = self.trees[index].manifest_path(plain_rel.as_os_str().as_bytes());
+                w.tree = Some((index, in_manifest));
+                if let Source::File { beneath, .. } = &mut w.source {
+                    *beneath = Some(dir.clone());
                 }
-                other => other,
-            },
-            Err(e) => Entry::Failed(Self::note(path, e.to_string())),
-        }
+                Entry::Work(w)
+            }
+            other => other,
+        })
     }
 }
 
@@ -466,7 +456,7 @@ impl Iterator for Plan {
             match self.roots.pop_front()? {
                 Root::Ready(entry) => return Some(entry),
                 Root::Tree(index) => {
-                    self.walk = Some((Self::start_walk(&self.trees[index].dir), index));
+                    self.walk = Some((walk::Walk::new(&self.trees[index].dir), index));
                 }
             }
         }
@@ -668,7 +658,7 @@ pub fn plan(
                 tree: None,
             })
         } else {
-            p.file(input, &meta, dest, true)
+            p.file(input, FileId::from(&meta), dest, true)
         };
         if let Entry::Work(w) = &mut entry {
             w.tree = p.tree_of_member(input);
@@ -733,7 +723,7 @@ pub fn plan(
             p.trees.push(TreeRoot::new(input, dest, way));
             Root::Tree(p.trees.len() - 1)
         } else {
-            let mut entry = p.file(input, &meta, Dest::File(dest), true);
+            let mut entry = p.file(input, FileId::from(&meta), Dest::File(dest), true);
             if let Entry::Work(w) = &mut entry {
                 w.tree = p.tree_of_member(input);
             }
