@@ -258,12 +258,14 @@ fn sweep_leftovers(dir: &DirFd) {
             .split(|&b| b == b'-')
             .next()
             .and_then(|p| std::str::from_utf8(p).ok())
-            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
-        let gone = pid as u32 != me
-            && rustix::process::Pid::from_raw(pid)
+        let gone = pid != me
+            && i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
                 .is_some_and(|p| rustix::process::test_kill_process(p) == Err(Errno::SRCH));
         let regular = rustix::fs::statat(&*dir.fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile);
