@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -285,9 +285,14 @@ fn sweep_leftovers(dir: &DirFd) {
     }
 }
 
-/// Whether tests asked for named temporaries (debug builds only).
-fn named_temporaries_forced() -> bool {
-    cfg!(debug_assertions) && std::env::var_os(TEST_NO_TMPFILE).is_some()
+/// Whether anonymous temporaries can be used: an `O_TMPFILE` file is named through
+/// `/proc/self/fd` (linking it by descriptor alone, `AT_EMPTY_PATH`, needs a
+/// capability), so without /proc every temporary is a named one. Tests can ask for
+/// named ones too (debug builds only).
+fn anonymous_temporaries() -> bool {
+    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced_off = cfg!(debug_assertions) && std::env::var_os(TEST_NO_TMPFILE).is_some();
+    !forced_off && *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
 }
 
 /// A temporary output file in a destination directory.
@@ -327,7 +332,7 @@ impl Temp {
     /// A new temporary in `dir`: anonymous where the file system allows.
     pub fn new(dir: DirFd) -> io::Result<Self> {
         sweep_leftovers(&dir);
-        if !named_temporaries_forced() {
+        if anonymous_temporaries() {
             let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
             match rustix::fs::openat(&*dir.fd, ".", flags, Mode::from_raw_mode(PRIVATE_MODE)) {
                 Ok(fd) => {
@@ -427,23 +432,13 @@ impl Temp {
     /// Links the anonymous file in as `name` (never replacing one).
     fn link_anonymous(&self, name: &OsStr, dest: &Path) -> io::Result<()> {
         let proc = format!("/proc/self/fd/{}", self.file.as_raw_fd());
-        let linked = match rustix::fs::linkat(
+        let linked = rustix::fs::linkat(
             CWD,
             proc.as_str(),
             &*self.dir.fd,
             name,
             AtFlags::SYMLINK_FOLLOW,
-        ) {
-            // No /proc: AT_EMPTY_PATH (needs CAP_DAC_READ_SEARCH).
-            Err(Errno::NOENT) if !Path::new("/proc/self/fd").exists() => rustix::fs::linkat(
-                self.file.as_fd(),
-                "",
-                &*self.dir.fd,
-                name,
-                AtFlags::EMPTY_PATH,
-            ),
-            other => other,
-        };
+        );
         match linked {
             Ok(()) => Ok(()),
             Err(Errno::EXIST) => Err(exists(dest)),
