@@ -297,14 +297,17 @@ fn output_error(dest: &Dest, e: io::Error) -> io::Error {
     let Some(code) = e.raw_os_error() else {
         return e;
     };
-    let what = if code == ENOSPC {
-        "no space left on the device (the partial output was removed)".to_string()
-    } else {
-        e.to_string()
-    };
-    let place = match dest {
-        Dest::File(t) => super::plan::show(&t.path()),
-        Dest::Stdout => "standard output".to_string(),
+    let (place, what) = match (dest, code == ENOSPC) {
+        (Dest::File(t), true) => (
+            super::plan::show(&t.path()),
+            "no space left on the device (the partial output was removed)".to_string(),
+        ),
+        (Dest::Stdout, true) => (
+            "standard output".to_string(),
+            "no space left on the device".to_string(),
+        ),
+        (Dest::File(t), false) => (super::plan::show(&t.path()), e.to_string()),
+        (Dest::Stdout, false) => ("standard output".to_string(), e.to_string()),
     };
     io::Error::new(e.kind(), format!("cannot write {place}: {what}"))
 }
