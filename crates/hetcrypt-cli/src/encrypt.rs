@@ -447,23 +447,35 @@ fn run<S: FileStream>(
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
     let (window, queue_len) = bound_open_files();
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
-    // Decrypting, each tree's manifest is read and authenticated before its files.
+    // Decrypting, each tree's manifest is read and authenticated before its files: the
+    // inputs' trees now, those met inside a walk (a folder with its own manifest) as
+    // the walk enters them. Manifests are small: one CPU lane reads them, beside the
+    // run's own pipeline.
+    let manifest_policy = hetcrypt::policy::Pull;
+    let mut manifests = Pipeline::new(
+        vec![hetcrypt::engine::cpu::CpuEngine::with_lanes(1).into_engine()],
+        &manifest_policy,
+    )?;
     let mut trees: Vec<tree::TreeState> = Vec::new();
-    for root in plan.trees() {
-        let state = match way {
-            Way::Decrypt => tree::load(root, &mut pipeline, key),
-            Way::Encrypt => tree::TreeState::new(root),
+    let mut load_new_trees =
+        |plan: &plan::Plan, trees: &mut Vec<tree::TreeState>, failed: &mut Vec<Note>| {
+            for root in &plan.trees()[trees.len()..] {
+                let state = match way {
+                    Way::Decrypt => tree::load(root, &mut manifests, key),
+                    Way::Encrypt => tree::TreeState::new(root),
+                };
+                if let Some(reason) = &state.unusable {
+                    let note = Note {
+                        path: plan::show(&root.dir),
+                        reason: format!("not decrypted: {reason}"),
+                    };
+                    report_failure(&bar, &note.path, &note.reason);
+                    failed.push(note);
+                }
+                trees.push(state);
+            }
         };
-        if let Some(reason) = &state.unusable {
-            let note = Note {
-                path: plan::show(&root.dir),
-                reason: format!("not decrypted: {reason}"),
-            };
-            report_failure(&bar, &note.path, &note.reason);
-            plan_failed.push(note);
-        }
-        trees.push(state);
-    }
+    load_new_trees(&plan, &mut trees, &mut plan_failed);
     let (commits, queue) = mpsc::sync_channel(queue_len);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let committer = scope.spawn(|| committer(queue, args.force, &bar));
@@ -474,7 +486,9 @@ fn run<S: FileStream>(
         };
         let mut plan = plan;
         let items = std::iter::from_fn(|| loop {
-            match plan.next()? {
+            let entry = plan.next()?;
+            load_new_trees(&plan, &mut trees, &mut plan_failed);
+            match entry {
                 plan::Entry::Work(w) => {
                     let binding = match &w.tree {
                         None => None,

@@ -358,3 +358,44 @@ fn random_trees_round_trip_byte_for_byte() {
         }
     }
 }
+
+#[test]
+fn trees_nested_in_the_input_are_each_checked_against_their_own_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    for name in ["a", "b"] {
+        let d = t.path().join(name);
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), name).unwrap();
+        fs::write(d.join("g"), name).unwrap();
+    }
+    // Two trees side by side in one output: out/a and out/b, each with its manifest.
+    let out = t.path().join("out");
+    let o = run(&[
+        &"encrypt",
+        &"-q",
+        &"--key",
+        &key,
+        &t.path().join("a"),
+        &t.path().join("b"),
+        &"-o",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.join("a/.hetcrypt-manifest").is_file());
+    assert!(out.join("b/.hetcrypt-manifest").is_file());
+
+    // Decrypting their parent decrypts both, each checked against its own manifest.
+    let s = decrypt(&key, &out, &t.path().join("dec"));
+    assert_eq!(s["files_failed"], 0, "{s:#}");
+    assert_eq!(s["files_ok"], 4);
+    assert_eq!(fs::read(t.path().join("dec/b/sub/f")).unwrap(), b"b");
+
+    // A file moved from one tree into the other is caught by the second's manifest,
+    // and missing from the first's.
+    fs::rename(out.join("a/g.hc"), out.join("b/ga.hc")).unwrap();
+    let s = decrypt(&key, &out, &t.path().join("dec2"));
+    assert_eq!(s["files_failed"], 2, "{s:#}");
+    assert!(reason(&s, "b/ga.hc").contains("not in the tree's manifest"));
+    assert!(reason(&s, "a/g.hc").contains("missing from the tree"));
+}

@@ -223,6 +223,9 @@ pub struct Plan {
     force: bool,
     roots: VecDeque<Root>,
     walk: Option<(walk::Walk, usize)>,
+    /// Decrypting: the encrypted trees met inside the current walk (a folder with a
+    /// manifest of its own), innermost last: their path in the walk and their index.
+    nested: Vec<(PathBuf, usize)>,
     trees: Vec<TreeRoot>,
     stdout: bool,
 }
@@ -366,10 +369,46 @@ impl Plan {
         }
     }
 
-    /// The entry for one item of the walk of tree `index`; `None` for the tree's
+    /// Decrypting, keeps [`Plan::nested`] in step with the walk at `rel`: leaves the
+    /// trees the walk has left, and enters the folder `rel` as a tree of its own when
+    /// it holds a manifest (as each input of `encrypt A B -o OUT` does in OUT).
+    fn track_nested(&mut self, index: usize, rel: &Path, is_dir: bool) {
+        if self.way != Way::Decrypt {
+            return;
+        }
+        while self
+            .nested
+            .last()
+            .is_some_and(|(n, _)| !rel.starts_with(n) || rel == n)
+        {
+            self.nested.pop();
+        }
+        if !is_dir || rel.as_os_str().is_empty() {
+            return;
+        }
+        let (dir, out) = (self.trees[index].dir.join(rel), &self.trees[index].out);
+        if has_manifest(&dir) {
+            let out = Target::new(&out.root, out.rel.join(rel));
+            self.trees.push(TreeRoot {
+                manifest_at: dir.clone(),
+                dir,
+                out,
+                whole: true,
+                prefix: Vec::new(),
+            });
+            self.nested.push((rel.to_path_buf(), self.trees.len() - 1));
+        }
+    }
+
+    /// The entry for one item of the walk of tree `index`; `None` for a tree's
     /// manifest, which decrypting reads first and apart.
-    fn walked(&self, item: walk::Item, index: usize) -> Option<Entry> {
+    fn walked(&mut self, item: walk::Item, index: usize) -> Option<Entry> {
         use std::os::unix::ffi::OsStrExt;
+        match &item {
+            walk::Item::Dir { rel, .. } => self.track_nested(index, rel, true),
+            walk::Item::Entry { rel, .. } => self.track_nested(index, rel, false),
+            walk::Item::Error { .. } => {}
+        }
         let TreeRoot { dir, out, .. } = &self.trees[index];
         let (rel, kind, meta) = match item {
             walk::Item::Error { rel, error } => {
@@ -386,10 +425,7 @@ impl Plan {
         };
         let path = dir.join(&rel);
         let file_name = rel.file_name().unwrap_or_default();
-        if self.way == Way::Decrypt
-            && rel.parent() == Some(Path::new(""))
-            && file_name == hetcrypt_format::manifest::MANIFEST_NAME
-        {
+        if self.way == Way::Decrypt && file_name == hetcrypt_format::manifest::MANIFEST_NAME {
             return None;
         }
         match kind {
@@ -422,10 +458,15 @@ impl Plan {
             ino: meta.ino,
             len: meta.size,
         };
+        // The innermost encrypted tree holding the file, and its path there.
+        let (tree, in_tree) = match self.nested.last() {
+            Some((n, i)) => (*i, plain_rel.strip_prefix(n).unwrap_or(&plain_rel)),
+            None => (index, plain_rel.as_path()),
+        };
+        let in_manifest = self.trees[tree].manifest_path(in_tree.as_os_str().as_bytes());
         Some(match self.file(&path, id, Dest::File(dest), false) {
             Entry::Work(mut w) => {
-                let in_manifest = self.trees[index].manifest_path(plain_rel.as_os_str().as_bytes());
-                w.tree = Some((index, in_manifest));
+                w.tree = Some((tree, in_manifest));
                 if let Source::File { beneath, .. } = &mut w.source {
                     *beneath = Some(dir.clone());
                 }
@@ -450,7 +491,10 @@ impl Iterator for Plan {
                             None => continue,
                         }
                     }
-                    None => self.walk = None,
+                    None => {
+                        self.walk = None;
+                        self.nested.clear();
+                    }
                 }
             }
             match self.roots.pop_front()? {
@@ -559,6 +603,7 @@ pub fn plan(
         force,
         roots: VecDeque::new(),
         walk: None,
+        nested: Vec::new(),
         trees: Vec::new(),
         stdout: false,
     };
