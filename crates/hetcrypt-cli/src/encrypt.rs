@@ -24,8 +24,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use hetcrypt_format::manifest::MANIFEST_NAME;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, Manifest, Observer, OpenParams,
-    Pipeline, SealParams, Stream,
+    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, Observer, OpenParams, Pipeline,
+    SealParams, Stream,
 };
 use indicatif::ProgressBar;
 
@@ -616,67 +616,21 @@ fn run<S: FileStream>(
     let mut all_failed = plan_failed;
     all_failed.extend(failed);
     all_failed.extend(committed.failed);
-    match (way, aead) {
-        (Way::Decrypt, _) => {
-            // Files the manifests list that the walks did not meet.
-            for state in trees.iter().filter(|t| t.root.whole) {
-                let Some(m) = &state.manifest else { continue };
-                let missing = m
-                    .iter()
-                    .filter(|(p, _)| state.root.covers(p) && !state.seen.contains(*p));
-                for (path, _) in missing {
-                    use std::os::unix::ffi::OsStrExt;
-                    let mut name = std::path::Path::new(std::ffi::OsStr::from_bytes(path))
-                        .as_os_str()
-                        .to_os_string();
-                    name.push(plan::SUFFIX);
-                    let note = Note {
-                        path: plan::show(&state.root.manifest_at.join(name)),
-                        reason:
-                            "missing from the tree: its manifest lists it (deleted, or renamed)"
-                                .into(),
-                    };
-                    report_failure(&bar, &note.path, &note.reason);
-                    all_failed.push(note);
-                }
-            }
-        }
-        (Way::Encrypt, Some(aead)) => {
-            // Each tree's manifest, once its files are in place.
-            for (index, state) in trees.iter().enumerate() {
-                let mut manifest = Manifest::new();
-                let mut result = Ok(());
-                for (_, path, entry) in committed.members.iter().filter(|m| m.0 == index) {
-                    result = result.and_then(|()| manifest.insert(path, *entry));
-                }
-                let written = result.map_err(|e| e.to_string()).and_then(|()| {
-                    tree::write(
-                        &state.root.out,
-                        &manifest,
-                        &mut pipeline,
-                        key,
-                        aead,
-                        args.force,
-                    )
-                });
-                match written {
-                    Ok(dir) => {
-                        if let Some(dir) = dir {
-                            let _ = rustix::fs::fsync(&*dir.fd);
-                        }
-                    }
-                    Err(reason) => {
-                        let note = Note {
-                            path: plan::show(&state.root.out.path().join(MANIFEST_NAME)),
-                            reason: format!("cannot write the tree's manifest: {reason}"),
-                        };
-                        report_failure(&bar, &note.path, &note.reason);
-                        all_failed.push(note);
-                    }
-                }
-            }
-        }
-        (Way::Encrypt, None) => {}
+    let tree_notes = match (way, aead) {
+        (Way::Decrypt, _) => tree::missing(&trees),
+        (Way::Encrypt, Some(aead)) => tree::write_manifests(
+            &trees,
+            committed.members,
+            &mut pipeline,
+            key,
+            aead,
+            args.force,
+        ),
+        (Way::Encrypt, None) => Vec::new(),
+    };
+    for note in tree_notes {
+        report_failure(&bar, &note.path, &note.reason);
+        all_failed.push(note);
     }
 
     let seconds = start.elapsed().as_secs_f64();

@@ -9,9 +9,11 @@ use hetcrypt_format::{
     Aead, DecryptStream, EncryptStream, Manifest, Observer, OpenParams, Pipeline, SealParams,
 };
 
+use hetcrypt_format::FileEntry;
+
 use super::dest::{DirFd, Target};
 use super::io::{open_source, Opened, Output};
-use super::plan::{show, Dest, TreeRoot};
+use super::plan::{show, Dest, Note, TreeRoot, SUFFIX};
 
 /// Largest manifest read: about two million entries of 100-byte paths. A bigger file
 /// at the manifest's name is refused rather than read into memory.
@@ -97,7 +99,7 @@ pub fn load(root: &TreeRoot, pipeline: &mut Pipeline<'_>, key: &[u8]) -> TreeSta
 
 /// Encrypts `manifest` as the tree's manifest at the root of `out` and names it
 /// (replacing an older one only with `force`). Returns the directory to sync.
-pub fn write(
+fn write(
     out: &Target,
     manifest: &Manifest,
     pipeline: &mut Pipeline<'_>,
@@ -127,4 +129,65 @@ pub fn write(
         .1
         .commit(force)
         .map_err(|e| e.to_string())
+}
+
+/// Decrypting: the files that the manifests of whole trees list under the walked
+/// folders and that the walks did not meet (deleted, or renamed).
+pub fn missing(trees: &[TreeState]) -> Vec<Note> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut notes = Vec::new();
+    for state in trees.iter().filter(|t| t.root.whole) {
+        let Some(m) = &state.manifest else { continue };
+        let gone = m
+            .iter()
+            .filter(|(p, _)| state.root.covers(p) && !state.seen.contains(*p));
+        for (path, _) in gone {
+            let mut name = std::ffi::OsStr::from_bytes(path).to_os_string();
+            name.push(SUFFIX);
+            notes.push(Note {
+                path: show(&state.root.manifest_at.join(name)),
+                reason: "missing from the tree: its manifest lists it (deleted, or renamed)".into(),
+            });
+        }
+    }
+    notes
+}
+
+/// Encrypting: writes each tree's manifest from the files of it now in place
+/// (`members`: tree index, path, entry) and syncs its directory; the notes of those
+/// that could not be written.
+pub fn write_manifests(
+    trees: &[TreeState],
+    members: Vec<(usize, Vec<u8>, FileEntry)>,
+    pipeline: &mut Pipeline<'_>,
+    key: &[u8],
+    aead: Aead,
+    force: bool,
+) -> Vec<Note> {
+    let mut manifests: Vec<Result<Manifest, String>> = vec![Ok(Manifest::new()); trees.len()];
+    for (index, path, entry) in members {
+        if let Some(Ok(m)) = manifests.get_mut(index) {
+            if let Err(e) = m.insert(&path, entry) {
+                manifests[index] = Err(e.to_string());
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    for (state, manifest) in trees.iter().zip(manifests) {
+        let written = manifest
+            .and_then(|m| write(&state.root.out, &m, pipeline, key, aead, force))
+            .and_then(|dir| match dir {
+                Some(dir) => rustix::fs::fsync(&*dir.fd).map_err(|e| {
+                    format!("cannot sync {}: {}", show(&dir.path), io::Error::from(e))
+                }),
+                None => Ok(()),
+            });
+        if let Err(reason) = written {
+            notes.push(Note {
+                path: show(&state.root.out.path().join(MANIFEST_NAME)),
+                reason: format!("cannot write the tree's manifest: {reason}"),
+            });
+        }
+    }
+    notes
 }
