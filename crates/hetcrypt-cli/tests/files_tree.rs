@@ -77,7 +77,7 @@ fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written(
     // (case, change to a copy of the tree, failed names and their reason, unwritten)
     type Change = fn(&Path, &Path, &Path);
     type Case<'a> = (&'a str, Change, &'a [(&'a str, &'a str)], &'a [&'a str]);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         (
             "swap",
             |e, _, _| {
@@ -128,6 +128,21 @@ fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written(
             },
             &[("a.hc", "rolled back")],
             &["a"],
+        ),
+        (
+            "manifest rolled back",
+            |e, old, _| {
+                fs::copy(old.join(".hetcrypt-manifest"), e.join(".hetcrypt-manifest"))
+                    .map(drop)
+                    .unwrap()
+            },
+            // Every file was encrypted again since (new salts): none matches.
+            &[
+                ("a.hc", "rolled back"),
+                ("b.hc", "rolled back"),
+                ("sub/c.hc", "rolled back"),
+            ],
+            &["a", "b", "sub/c"],
         ),
         (
             "manifest deleted",
