@@ -2,16 +2,19 @@
 //! in C2SP chunked encryption, the chunks of every file in flight spread over every
 //! engine (see docs/format.md).
 //!
-//! Never loses data: outputs are written beside their destination and renamed into
-//! place only when complete (decrypted: fully authenticated); an existing output is
-//! replaced only with `--force`; inputs are only read. One failing file does not stop
+//! Never loses data nor leaves plaintext behind: outputs are anonymous files in their
+//! destination directory, named only when complete (decrypted: fully authenticated),
+//! never through a symbolic link (see `dest`); an existing output is replaced only
+//! with `--force`; inputs are opened without following links and only read. One failing file does not stop
 //! the others; the exit status is 1 if any failed, and the summary lists them.
 
+mod dest;
 mod io;
 mod plan;
 mod summary;
+mod tree;
+mod walk;
 
-use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,14 +22,16 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use hetcrypt_format::manifest::MANIFEST_NAME;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
-    Stream,
+    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, Observer, OpenParams, Pipeline,
+    SealParams, Stream,
 };
 use indicatif::ProgressBar;
 
-use self::io::{Input, Output};
+use self::io::{Input, Opened, Output};
 use self::plan::{Note, Way};
+pub use self::summary::escape;
 use self::summary::Summary;
 use crate::keygen::read_key_file;
 use crate::workload::{EngineOpts, EngineSet};
@@ -41,7 +46,9 @@ struct Common {
     #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<PathBuf>,
     /// Output: a file (`-`: standard output) for one file, a directory for a tree or
-    /// several inputs. Default for one file: beside it, `.hc` added or removed.
+    /// several inputs (every folder recreated, empty ones included; an encrypted tree
+    /// gets a `.hetcrypt-manifest` that decrypt checks). Default for one file: beside
+    /// it, `.hc` added or removed.
     #[arg(short, long, value_name = "OUT")]
     output: Option<PathBuf>,
     /// Scheduling policy (`pull`, `only:<engine>`, ...).
@@ -51,7 +58,7 @@ struct Common {
     /// every engine this machine has.
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     engines: Vec<String>,
-    /// Replace existing output files.
+    /// Replace existing output files (regular files only: never a link or a directory).
     #[arg(long)]
     force: bool,
     /// No progress bar and no summary (errors are still printed).
@@ -85,10 +92,12 @@ pub struct DecryptArgs {
     common: Common,
 }
 
-/// A message in flight, with its input's name for messages.
+/// A message in flight, with its input's name for messages and, for a file of a
+/// tree, the tree's index and the file's path in it.
 struct Item<S> {
     stream: S,
     name: String,
+    tree: Option<(usize, Vec<u8>)>,
 }
 
 impl<S: Stream> Stream for Item<S> {
@@ -115,49 +124,73 @@ impl<S: Stream> Stream for Item<S> {
 
 /// A stream whose output can be taken back to commit.
 trait FileStream: Stream {
-    /// Its output and the plaintext bytes it carried.
-    fn into_output(self) -> (Output, u64);
+    /// Its output, the plaintext bytes it carried, and the key commitment it wrote
+    /// (encryption: what the tree's manifest records).
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>);
 }
 
 impl FileStream for EncryptStream<Input, Output> {
-    fn into_output(self) -> (Output, u64) {
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>) {
         let bytes = self.plaintext_bytes();
-        (self.into_parts().1, bytes)
+        let commitment = self.commitment();
+        (self.into_parts().1, bytes, commitment)
     }
 }
 
 impl FileStream for DecryptStream<Input, Output> {
-    fn into_output(self) -> (Output, u64) {
+    fn into_output(self) -> (Output, u64, Option<[u8; 32]>) {
         let bytes = self.plaintext_bytes();
-        (self.into_parts().1, bytes)
+        (self.into_parts().1, bytes, None)
     }
+}
+
+/// A finished output on its way to the committer.
+struct Finished {
+    name: String,
+    output: Output,
+    bytes: u64,
+    /// For a file of a tree being encrypted: the tree, the path and the commitment.
+    member: Option<(usize, Vec<u8>, [u8; 32])>,
 }
 
 /// Hands finished outputs to the committer, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    commits: mpsc::SyncSender<(String, Output, u64)>,
+    commits: mpsc::SyncSender<Finished>,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
 }
 
 impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     fn done(&mut self, item: Item<S>, result: hetcrypt_format::Result<()>) {
-        let (output, bytes) = item.stream.into_output();
+        let (output, bytes, commitment) = item.stream.into_output();
         match result {
             Ok(()) => {
-                if let Err(mpsc::SendError((name, ..))) =
-                    self.commits.send((item.name, output, bytes))
-                {
+                let member = match (item.tree, commitment) {
+                    (Some((tree, path)), Some(c)) => Some((tree, path, c)),
+                    _ => None,
+                };
+                let finished = Finished {
+                    name: item.name,
+                    output,
+                    bytes,
+                    member,
+                };
+                if let Err(mpsc::SendError(f)) = self.commits.send(finished) {
                     // The committer is gone only if it panicked; joining reports it.
                     self.failed.push(Note {
-                        path: name,
+                        path: f.name,
                         reason: "internal error: the committer stopped".into(),
                     });
                 }
             }
             Err(e) => {
-                let reason = human_error(&e);
+                let reason = match e {
+                    FormatError::TreeMember if item.tree.is_some() => format!(
+                        "the tree's manifest ({MANIFEST_NAME}) is missing: without it, deleted, added or rolled-back files cannot be found, so its files are not decrypted"
+                    ),
+                    e => human_error(&e),
+                };
                 report_failure(self.bar, &item.name, &reason);
                 self.failed.push(Note {
                     path: item.name,
@@ -173,6 +206,7 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
 }
 
 fn report_failure(bar: &ProgressBar, path: &str, reason: &str) {
+    let (path, reason) = (summary::escape(path), summary::escape(reason));
     bar.suspend(|| eprintln!("hetcrypt: {path}: {reason}"));
 }
 
@@ -182,6 +216,8 @@ struct Committed {
     ok: usize,
     bytes: u64,
     failed: Vec<Note>,
+    /// Files of trees now in place: tree, path, manifest entry.
+    members: Vec<(usize, Vec<u8>, FileEntry)>,
 }
 
 /// Finished outputs waiting for their fsync and rename. The committer thread mostly
@@ -189,21 +225,89 @@ struct Committed {
 /// outputs of at most 64 KiB of buffer each keep the queue's memory small.
 const COMMIT_QUEUE: usize = 16;
 
-/// The committer: syncs and renames each finished output into place, then syncs
-/// every directory it renamed into, once.
-fn committer(
-    queue: mpsc::Receiver<(String, Output, u64)>,
-    force: bool,
-    bar: &ProgressBar,
-) -> Committed {
+/// Descriptors an output may hold until it is committed: its temporary and its
+/// directory (shared by consecutive outputs of one directory, but not always).
+const FDS_PER_OUTPUT: u64 = 2;
+/// Descriptors kept free beside those open at the start and the outputs': the input
+/// being read, a directory being opened or made, the directory being synced, a
+/// directory listing for leftovers, and room for error.
+const FD_MARGIN: u64 = 12;
+
+/// How many outputs may be open at once: raises the soft open-files limit to the
+/// hard one where allowed, then shares what is left after the descriptors already
+/// open. Returns the pipeline's window and the commit queue's length, so that any
+/// `ulimit -n` of 64 or more works on any tree (a smaller window is only slower).
+fn bound_open_files() -> (usize, usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = match (limit.current, limit.maximum) {
+        (Some(cur), max) if max.is_none_or(|m| m > cur) => {
+            let raised = Rlimit {
+                current: max,
+                maximum: max,
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => max,
+                Err(_) => Some(cur),
+            }
+        }
+        (cur, _) => cur,
+    };
+    let Some(soft) = soft else {
+        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_QUEUE);
+    };
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
+    let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
+    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(2);
+    let queue = (outputs / 4).clamp(1, COMMIT_QUEUE);
+    let window = (outputs - queue - 1).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
+    (window, queue)
+}
+
+/// The committer: syncs and names each finished output, and syncs each directory
+/// named into once its run of outputs is over (trees are walked directory by
+/// directory), holding only one directory open.
+fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) -> Committed {
     let mut done = Committed::default();
-    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
-    for (name, output, bytes) in queue {
+    let mut current: Option<dest::DirFd> = None;
+    let sync = |dir: dest::DirFd, done: &mut Committed| {
+        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
+            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
+            report_failure(bar, &plan::show(&dir.path), &reason);
+            done.failed.push(Note {
+                path: plan::show(&dir.path),
+                reason,
+            });
+        }
+    };
+    for Finished {
+        name,
+        output,
+        bytes,
+        member,
+    } in queue
+    {
         match output.commit(force) {
             Ok(dir) => {
                 done.ok += 1;
                 done.bytes += bytes;
-                dirs.extend(dir);
+                if let Some((tree, path, commitment)) = member {
+                    let entry = FileEntry {
+                        size: bytes,
+                        commitment,
+                    };
+                    done.members.push((tree, path, entry));
+                }
+                if let Some(dir) = dir {
+                    match current.take() {
+                        Some(cur) if cur.path == dir.path => current = Some(cur),
+                        Some(cur) => {
+                            sync(cur, &mut done);
+                            current = Some(dir);
+                        }
+                        None => current = Some(dir),
+                    }
+                }
             }
             Err(e) => {
                 let reason = human_error(&FormatError::Io(e));
@@ -212,18 +316,8 @@ fn committer(
             }
         }
     }
-    for dir in dirs {
-        if let Err(e) = io::sync_dir(&dir) {
-            report_failure(
-                bar,
-                &plan::show(&dir),
-                &format!("cannot sync the directory: {e}"),
-            );
-            done.failed.push(Note {
-                path: plan::show(&dir),
-                reason: format!("cannot sync the directory: {e}"),
-            });
-        }
+    if let Some(cur) = current {
+        sync(cur, &mut done);
     }
     done
 }
@@ -235,6 +329,30 @@ fn human_error(e: &FormatError) -> String {
             "no space left on the device (the partial output was removed)".to_string()
         }
         other => other.to_string(),
+    }
+}
+
+/// The path of a source, for messages.
+fn source_path(source: &plan::Source) -> PathBuf {
+    match source {
+        plan::Source::Stdin => PathBuf::from("(standard input)"),
+        plan::Source::File { path, .. } => path.clone(),
+    }
+}
+
+/// The null device's numbers (Linux's `/dev/null` is character device 1:3).
+const DEV_NULL: (u32, u32) = (1, 3);
+
+/// Whether standard input is closed. The Rust runtime reopens a closed descriptor 0
+/// on `/dev/null` before `main`, so a closed input and `< /dev/null` look the same;
+/// both would otherwise read as an empty message and "succeed".
+fn stdin_is_closed() -> bool {
+    match rustix::fs::fstat(std::io::stdin()) {
+        Ok(st) => {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
+                && (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)) == DEV_NULL
+        }
+        Err(_) => true,
     }
 }
 
@@ -255,24 +373,52 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
             aead.key_len() * 8
         );
     }
-    run(&args.common, Way::Encrypt, Some(aead), |input, output| {
-        EncryptStream::new(input, output, &key, SealParams::new(aead))
-    })
+    run(
+        &args.common,
+        Way::Encrypt,
+        &key,
+        Some(aead),
+        |input, output, _, tree| {
+            let params = match tree {
+                Some((path, _)) => SealParams::new(aead).tree_path(path),
+                None => SealParams::new(aead),
+            };
+            EncryptStream::new(input, output, &key, params)
+        },
+    )
 }
 
 /// Runs `hetcrypt decrypt`.
 pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
-    run(&args.common, Way::Decrypt, None, |input, output| {
-        DecryptStream::new(input, output, &key, OpenParams::Hetcrypt)
-    })
+    run(
+        &args.common,
+        Way::Decrypt,
+        &key,
+        None,
+        |input, output, size, tree| {
+            let mut stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt);
+            if let Some(len) = size {
+                stream = stream.with_input_len(len);
+            }
+            if let Some((path, commitment)) = tree {
+                stream = stream.in_tree(path, commitment);
+            }
+            stream
+        },
+    )
 }
+
+/// A file's place in its tree: its path, and (decrypting) the commitment the tree's
+/// manifest lists for it.
+type TreeBinding = Option<(Vec<u8>, Option<[u8; 32]>)>;
 
 fn run<S: FileStream>(
     args: &Common,
     way: Way,
+    key: &[u8],
     aead: Option<Aead>,
-    make: impl Fn(Input, Output) -> S,
+    make: impl Fn(Input, Output, Option<u64>, TreeBinding) -> S,
 ) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let policy = crate::calibrate::Policies::new(args.calibration.as_deref())
@@ -287,6 +433,13 @@ fn run<S: FileStream>(
     }
     let engine_names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let plan = plan::plan(&args.inputs, args.output.as_deref(), way, args.force)?;
+    if way == Way::Encrypt && plan.writes_stdout() && std::io::stdout().is_terminal() {
+        bail!("refusing to write ciphertext to a terminal: redirect standard output, or name a file with -o");
+    }
+    if plan.reads_stdin() && stdin_is_closed() {
+        bail!("standard input is closed (or /dev/null): there is nothing to read; pipe the data in, or name a file");
+    }
+    dest::remove_temporaries_on_signals().context("cannot watch for signals")?;
     let stdout_busy = plan.writes_stdout();
     let hide_bar = args.quiet || args.json || !std::io::stderr().is_terminal();
     let bar = summary::progress(if hide_bar { None } else { plan.total_size() }, hide_bar);
@@ -298,9 +451,38 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let hold_stdout = way == Way::Decrypt;
-    let mut pipeline = Pipeline::new(engines, policy.as_ref())?;
-    let (commits, queue) = mpsc::sync_channel(COMMIT_QUEUE);
+    let (window, queue_len) = bound_open_files();
+    let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
+    // Decrypting, each tree's manifest is read and authenticated before its files: the
+    // inputs' trees now, those met inside a walk (a folder with its own manifest) as
+    // the walk enters them. Manifests are small: one CPU lane reads them, beside the
+    // run's own pipeline.
+    let manifest_policy = hetcrypt::policy::Pull;
+    let mut manifests = Pipeline::new(
+        vec![hetcrypt::engine::cpu::CpuEngine::with_lanes(1).into_engine()],
+        &manifest_policy,
+    )?;
+    let mut trees: Vec<tree::TreeState> = Vec::new();
+    let mut load_new_trees =
+        |plan: &plan::Plan, trees: &mut Vec<tree::TreeState>, failed: &mut Vec<Note>| {
+            for root in &plan.trees()[trees.len()..] {
+                let state = match way {
+                    Way::Decrypt => tree::load(root, &mut manifests, key),
+                    Way::Encrypt => tree::TreeState::new(root),
+                };
+                if let Some(reason) = &state.unusable {
+                    let note = Note {
+                        path: plan::show(&root.dir),
+                        reason: format!("not decrypted: {reason}"),
+                    };
+                    report_failure(&bar, &note.path, &note.reason);
+                    failed.push(note);
+                }
+                trees.push(state);
+            }
+        };
+    load_new_trees(&plan, &mut trees, &mut plan_failed);
+    let (commits, queue) = mpsc::sync_channel(queue_len);
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let committer = scope.spawn(|| committer(queue, args.force, &bar));
         let mut tally = Tally {
@@ -310,16 +492,85 @@ fn run<S: FileStream>(
         };
         let mut plan = plan;
         let items = std::iter::from_fn(|| loop {
-            match plan.next()? {
+            let entry = plan.next()?;
+            load_new_trees(&plan, &mut trees, &mut plan_failed);
+            match entry {
                 plan::Entry::Work(w) => {
-                    let name = match &w.source {
-                        plan::Source::Stdin => "(standard input)".to_string(),
-                        plan::Source::File(p) => plan::show(p),
+                    let binding = match &w.tree {
+                        None => None,
+                        Some((_, path)) if way == Way::Encrypt => Some((path.clone(), None)),
+                        Some((index, path)) => {
+                            let state = &mut trees[*index];
+                            let fail = |reason: String| Note {
+                                path: plan::show(&source_path(&w.source)),
+                                reason,
+                            };
+                            if state.unusable.is_some() {
+                                // Said once for the whole tree.
+                                continue;
+                            }
+                            match &state.manifest {
+                                None => None,
+                                Some(m) => match m.get(path) {
+                                    Some(e) => Some((path.clone(), Some(e.commitment))),
+                                    None => {
+                                        let note = fail(
+                                                "not in the tree's manifest: added, or renamed from another name; not decrypted".into(),
+                                            );
+                                        report_failure(&bar, &note.path, &note.reason);
+                                        plan_failed.push(note);
+                                        continue;
+                                    }
+                                },
+                            }
+                        }
                     };
-                    let output = Output::new(w.dest, hold_stdout, w.mode);
+                    let (input, name, mode, size) = match &w.source {
+                        plan::Source::Stdin => (
+                            Input::Stdin(std::io::stdin()),
+                            "(standard input)".into(),
+                            None,
+                            None,
+                        ),
+                        plan::Source::File {
+                            path,
+                            follow,
+                            beneath,
+                        } => match io::open_source(path, *follow, beneath.as_deref()) {
+                            Ok(Opened::File { file, mode, stamp }) => (
+                                Input::file(file, path, stamp),
+                                plan::show(path),
+                                Some(mode),
+                                Some(stamp.size()),
+                            ),
+                            Ok(Opened::NotRegular(reason)) => {
+                                skipped.push(Note {
+                                    path: plan::show(path),
+                                    reason,
+                                });
+                                continue;
+                            }
+                            Err(e) => {
+                                let note = Note {
+                                    path: plan::show(path),
+                                    reason: format!("cannot open: {e}"),
+                                };
+                                report_failure(&bar, &note.path, &note.reason);
+                                plan_failed.push(note);
+                                continue;
+                            }
+                        },
+                    };
+                    if let (Way::Decrypt, Some((index, path))) = (way, &w.tree) {
+                        // Met and opened: not "missing" (a file skipped or failing to
+                        // open is reported as such, and is missing too).
+                        trees[*index].seen.insert(path.clone());
+                    }
+                    let output = Output::new(w.dest, mode);
                     return Some(Item {
-                        stream: make(Input::new(&w.source), output),
+                        stream: make(input, output, size, binding),
                         name,
+                        tree: w.tree,
                     });
                 }
                 plan::Entry::Dir(dir) => match io::make_dir(&dir.dest) {
@@ -330,7 +581,7 @@ fn run<S: FileStream>(
                             path: plan::show(&dir.source),
                             reason: format!(
                                 "cannot create the directory {}: {e}",
-                                plan::show(&dir.dest)
+                                plan::show(&dir.dest.path())
                             ),
                         };
                         report_failure(&bar, &note.path, &note.reason);
@@ -356,7 +607,10 @@ fn run<S: FileStream>(
     // Children before parents, so a parent's mode cannot lock a child out.
     for dir in made_dirs.iter().rev() {
         if let Err(e) = io::set_dir_mode(&dir.dest, dir.mode) {
-            let reason = format!("cannot set the mode of {}: {e}", plan::show(&dir.dest));
+            let reason = format!(
+                "cannot set the mode of {}: {e}",
+                plan::show(&dir.dest.path())
+            );
             report_failure(&bar, &plan::show(&dir.source), &reason);
             plan_failed.push(Note {
                 path: plan::show(&dir.source),
@@ -368,6 +622,22 @@ fn run<S: FileStream>(
     let mut all_failed = plan_failed;
     all_failed.extend(failed);
     all_failed.extend(committed.failed);
+    let tree_notes = match (way, aead) {
+        (Way::Decrypt, _) => tree::missing(&trees),
+        (Way::Encrypt, Some(aead)) => tree::write_manifests(
+            &trees,
+            committed.members,
+            &mut pipeline,
+            key,
+            aead,
+            args.force,
+        ),
+        (Way::Encrypt, None) => Vec::new(),
+    };
+    for note in tree_notes {
+        report_failure(&bar, &note.path, &note.reason);
+        all_failed.push(note);
+    }
 
     let seconds = start.elapsed().as_secs_f64();
     let summary = Summary {

@@ -23,7 +23,8 @@ const MAX_KEY_FILE_LEN: u64 = 1024;
 /// Arguments of `hetcrypt keygen`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Where to write the key (refuses to overwrite an existing file).
+    /// Where to write the key (refuses to overwrite an existing file); `-` prints it
+    /// on standard output.
     #[arg(short, long, value_name = "KEY")]
     output: PathBuf,
     /// Key size: 128 (for aes-128-gcm) or 256 (for aes-256-gcm and
@@ -45,11 +46,21 @@ fn parse_bits(s: &str) -> Result<usize, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut key = Zeroizing::new(vec![0u8; args.bits / 8]);
     openssl::rand::rand_bytes(&mut key).context("the system random generator failed")?;
+    if args.output.as_os_str() == "-" {
+        let mut text = Zeroizing::new(vec![0u8; HEXLOWER_PERMISSIVE.encode_len(key.len())]);
+        HEXLOWER_PERMISSIVE.encode_mut(&key, &mut text);
+        text.push(b'\n');
+        let mut out = std::io::stdout().lock();
+        out.write_all(&text)
+            .and_then(|()| out.flush())
+            .context("cannot write the key to standard output")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     write_key_file(&args.output, &key)?;
     eprintln!(
         "hetcrypt: wrote a {}-bit key to {} (mode 0600); keep it safe: without it the files cannot be decrypted",
         args.bits,
-        args.output.display()
+        crate::encrypt::escape(&args.output.display().to_string())
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -97,12 +108,26 @@ pub fn write_key_file(path: &Path, key: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads a key file written by `hetcrypt keygen` (hex, 128 or 256 bits).
+/// Permission bits that let others than the owner read or change a key file.
+const KEY_FILE_SHARED_BITS: u32 = 0o077;
+
+/// Reads a key file written by `hetcrypt keygen` (hex, 128 or 256 bits); warns when
+/// others may read it, refuses an all-zero key.
 pub fn read_key_file(path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
+    use std::os::unix::fs::PermissionsExt;
     let file = OpenOptions::new()
         .read(true)
         .open(path)
         .with_context(|| format!("cannot open key file {}", path.display()))?;
+    if let Ok(meta) = file.metadata() {
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_file() && mode & KEY_FILE_SHARED_BITS != 0 {
+            eprintln!(
+                "hetcrypt: warning: key file {} has mode {mode:04o}: others may read it (chmod 600 it; keygen makes keys 0600)",
+                crate::encrypt::escape(&path.display().to_string())
+            );
+        }
+    }
     let mut text = Zeroizing::new(Vec::new());
     file.take(MAX_KEY_FILE_LEN + 1)
         .read_to_end(&mut text)
@@ -127,5 +152,11 @@ pub fn read_key_file(path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     HEXLOWER_PERMISSIVE
         .decode_mut(trimmed, &mut key)
         .map_err(|_| invalid())?;
+    if key.iter().all(|&b| b == 0) {
+        bail!(
+            "{} holds an all-zero key, which is no secret: make a key with `hetcrypt keygen`",
+            path.display()
+        );
+    }
     Ok(key)
 }

@@ -33,7 +33,7 @@ enum Command {
     Bench(bench::Args),
     /// Measure each engine's cost per cipher and size; store it for every policy.
     Calibrate(calibrate::Args),
-    /// Create a random key file (mode 0600).
+    /// Create a random key file (mode 0600), or print a key (`-o -`).
     Keygen(keygen::Args),
     /// Encrypt files or directory trees (C2SP chunked encryption).
     Encrypt(encrypt::EncryptArgs),
@@ -55,7 +55,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hetcrypt: {e:#}");
+            // Messages may carry file names: no raw control characters reach the
+            // terminal.
+            eprintln!("hetcrypt: {}", encrypt::escape(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -97,11 +97,14 @@ fn tree_round_trip_with_both_aeads() {
             "symbolic link, not followed"
         );
         assert_eq!(summary["aead"], aead);
-        // Every output carries the suffix, at the same relative path.
-        let want: Vec<PathBuf> = files(&src)
+        // Every output carries the suffix, at the same relative path, and the tree's
+        // manifest is at its root.
+        let mut want: Vec<PathBuf> = files(&src)
             .into_iter()
             .map(|(p, _)| PathBuf::from(format!("{}.hc", p.display())))
             .collect();
+        want.push(PathBuf::from(".hetcrypt-manifest"));
+        want.sort();
         let got: Vec<PathBuf> = files(&enc).into_iter().map(|(p, _)| p).collect();
         assert_eq!(got, want);
 
@@ -218,7 +221,8 @@ fn tampered_truncated_and_foreign_files_fail_alone_and_leave_nothing() {
     assert!(reason("file 32768.bin.hc").contains("chunk 0 failed authentication"));
     assert!(reason("file 3145729.bin.hc").starts_with("truncated"));
     assert!(reason("file 1.bin.hc").contains("failed authentication"));
-    assert!(reason("not-ours.hc").contains("not a hetcrypt file"));
+    // A file added to the tree is refused before it is read.
+    assert!(reason("not-ours.hc").contains("not in the tree's manifest"));
     // No plaintext of a failed file at its destination, no temporaries.
     assert!(!dec.join("spaces and ünïcödé/file 32768.bin").exists());
     assert!(!dec.join("file 3145729.bin").exists());

@@ -78,10 +78,10 @@ fn an_output_root_cannot_write_fails_with_permission_denied() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(s["files_ok"], 0);
-    // The two folders and the two files.
+    // The two folders, the two files and the tree's manifest.
     assert_eq!(
         s["files_failed"],
-        4,
+        5,
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );

@@ -125,6 +125,20 @@ impl Aead {
     pub const fn min_chunk_len(self) -> usize {
         self.ciphertext_len(0)
     }
+
+    /// Whether `len` bytes can be the chunks of a message: whole full chunks, then one
+    /// final chunk of a length this AEAD can produce. (A file's length is known before
+    /// it is read, so a cut or padded file whose length gives it away fails at once.)
+    pub const fn possible_chunks_len(self, len: u64) -> bool {
+        let last = len % self.full_chunk_len() as u64;
+        match self {
+            Aead::Aes128Gcm | Aead::Aes256Gcm => last >= TAG_LEN as u64,
+            // Whole blocks of padded plaintext, then the tag.
+            Aead::Aes128CbcHmacSha256 => {
+                last >= self.min_chunk_len() as u64 && last.is_multiple_of(BLOCK_LEN as u64)
+            }
+        }
+    }
 }
 
 impl fmt::Display for Aead {
@@ -253,7 +267,8 @@ impl fmt::Debug for ChunkKeys {
 
 /// Why a chunk's authentication failure is suspicious, by position.
 const HINT_MIDDLE: &str = "modified, reordered or duplicated";
-const HINT_LAST: &str = "modified, or data appended after the end";
+const HINT_LAST: &str =
+    "modified, cut short inside the chunk (truncated), or data appended after the end";
 
 impl ChunkKeys {
     /// Registers the derived AEAD `key` with `dispatcher` and keeps the base nonce.

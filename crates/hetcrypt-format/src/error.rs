@@ -45,6 +45,13 @@ pub enum FormatError {
     /// final (short) chunk is missing.
     #[error("truncated: {0}")]
     Truncated(String),
+    /// The input's length (known before reading it) cannot be that of a message: it
+    /// was cut inside a chunk, or data was appended. Found before any chunk runs.
+    #[error("truncated or extended: {len} bytes cannot be a whole message (cut inside a chunk, or data appended after the end)")]
+    BadLength {
+        /// The whole input's length, in bytes.
+        len: u64,
+    },
     /// A chunk failed authentication: it was modified, reordered or duplicated, or
     /// data was appended after the end of the message.
     #[error("chunk {chunk} failed authentication ({hint})")]
@@ -55,6 +62,17 @@ pub enum FormatError {
         /// chunk, "modified, or data appended after the end").
         hint: &'static str,
     },
+    /// A tree member decrypted alone: only its tree's manifest can vouch that it is
+    /// the file that belongs at its path, in its latest version.
+    #[error("a member of an encrypted tree: decrypt the whole tree, whose manifest vouches for its files")]
+    TreeMember,
+    /// A tree member that is not what the tree's manifest lists at its path: swapped
+    /// with another file, moved, or rolled back to another version of itself.
+    #[error("does not match the tree's manifest (replaced, swapped with another file, moved, or rolled back to an older version)")]
+    ManifestMismatch,
+    /// A manifest whose authenticated plaintext is not a valid manifest.
+    #[error("invalid tree manifest: {0}")]
+    BadManifest(String),
     /// The message would need 2^38 chunks or more (C2SP's limit, 4 PiB).
     #[error("message too long: C2SP allows fewer than 2^38 chunks")]
     TooLong,
@@ -83,6 +101,10 @@ impl FormatError {
                 | FormatError::UnknownId { .. }
                 | FormatError::WrongKey
                 | FormatError::Truncated(_)
+                | FormatError::BadLength { .. }
+                | FormatError::TreeMember
+                | FormatError::ManifestMismatch
+                | FormatError::BadManifest(_)
                 | FormatError::Tampered { .. }
         )
     }

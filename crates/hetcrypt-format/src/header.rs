@@ -9,8 +9,12 @@ use crate::kdf::Hash;
 pub const MAGIC: &[u8; 8] = b"hetcrypt";
 /// The format version this build writes and reads.
 pub const VERSION: u8 = 1;
-/// Wrapper header length: magic (8), version, AEAD id, hash id, reserved zero byte.
+/// Wrapper header length: magic (8), version, AEAD id, hash id, flags.
 pub const WRAPPER_LEN: usize = 12;
+
+/// Flag bit: the message is a member of an encrypted tree, its C2SP context binds its
+/// relative path, and the tree's manifest vouches for it (see [`crate::manifest`]).
+pub const FLAG_TREE: u8 = 0x01;
 
 /// A parsed wrapper header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +23,8 @@ pub struct Wrapper {
     pub aead: Aead,
     /// The HKDF hash.
     pub hash: Hash,
+    /// Whether the message belongs to an encrypted tree ([`FLAG_TREE`]).
+    pub tree: bool,
 }
 
 impl Wrapper {
@@ -30,6 +36,7 @@ impl Wrapper {
         b[8] = VERSION;
         b[9] = self.aead.id();
         b[10] = self.hash.id();
+        b[11] = if self.tree { FLAG_TREE } else { 0 };
         b
     }
 
@@ -49,13 +56,17 @@ impl Wrapper {
             what: "hash",
             id: b[10],
         })?;
-        if b[11] != 0 {
+        if b[11] & !FLAG_TREE != 0 {
             return Err(FormatError::UnknownId {
                 what: "flags",
                 id: b[11],
             });
         }
-        Ok(Wrapper { aead, hash })
+        Ok(Wrapper {
+            aead,
+            hash,
+            tree: b[11] & FLAG_TREE != 0,
+        })
     }
 }
 
@@ -67,13 +78,16 @@ mod tests {
     fn round_trips_and_rejects() {
         for aead in Aead::ALL {
             for hash in Hash::ALL {
-                let w = Wrapper { aead, hash };
-                assert_eq!(Wrapper::parse(&w.to_bytes()).unwrap(), w);
+                for tree in [false, true] {
+                    let w = Wrapper { aead, hash, tree };
+                    assert_eq!(Wrapper::parse(&w.to_bytes()).unwrap(), w);
+                }
             }
         }
         let good = Wrapper {
             aead: Aead::Aes128Gcm,
             hash: Hash::Sha512,
+            tree: false,
         }
         .to_bytes();
         assert!(matches!(

@@ -28,6 +28,7 @@ pub mod aead;
 pub mod error;
 pub mod header;
 pub mod kdf;
+pub mod manifest;
 pub mod pipeline;
 pub mod stream;
 
@@ -38,6 +39,7 @@ pub use aead::Aead;
 pub use error::{FormatError, Result};
 pub use header::Wrapper;
 pub use kdf::Hash;
+pub use manifest::{FileEntry, Manifest};
 pub use pipeline::{Observer, Pipeline, Stats, Stream};
 pub use stream::{DecryptStream, EncryptStream, Framing, OpenParams, SealParams};
 

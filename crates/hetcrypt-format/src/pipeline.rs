@@ -281,7 +281,11 @@ impl<'p> Pipeline<'p> {
                     let slot = &mut active[owner];
                     if slot.failed.is_none() {
                         if let Err(e) = slot.stream.accept_reusing(output, &mut spare) {
+                            // A failed stream is asked for no more chunks: a bad
+                            // chunk or a full disk ends the file at once, not after
+                            // reading the rest of it (maybe a terabyte of padding).
                             slot.failed = Some(e);
+                            slot.exhausted = true;
                         }
                     }
                 }

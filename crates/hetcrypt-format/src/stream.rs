@@ -14,6 +14,7 @@ use crate::aead::{Aead, ChunkKeys};
 use crate::error::{FormatError, Result};
 use crate::header::{Wrapper, WRAPPER_LEN};
 use crate::kdf::{self, Hash};
+use crate::manifest;
 use crate::pipeline::Stream;
 use crate::{CHUNK_SIZE, COMMITMENT_LEN, SALT_LEN};
 
@@ -38,6 +39,7 @@ pub struct SealParams {
     hash: Hash,
     framing: Framing,
     salt: Option<[u8; SALT_LEN]>,
+    tree_path: Option<Vec<u8>>,
 }
 
 impl SealParams {
@@ -48,7 +50,16 @@ impl SealParams {
             hash: Hash::Sha512,
             framing: Framing::Hetcrypt,
             salt: None,
+            tree_path: None,
         }
+    }
+
+    /// Makes the message a member of an encrypted tree at `path` (relative to the
+    /// tree's root, `/`-separated; empty for the manifest): the wrapper's tree flag is
+    /// set and the context binds the path (see [`crate::manifest`]).
+    pub fn tree_path(mut self, path: impl Into<Vec<u8>>) -> Self {
+        self.tree_path = Some(path.into());
+        self
     }
 
     /// Uses another HKDF hash.
@@ -118,6 +129,7 @@ pub struct EncryptStream<R, W> {
     input_done: bool,
     plaintext_bytes: u64,
     output_bytes: u64,
+    commitment: Option<[u8; COMMITMENT_LEN]>,
 }
 
 impl<R, W> fmt::Debug for EncryptStream<R, W> {
@@ -144,7 +156,14 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
             input_done: false,
             plaintext_bytes: 0,
             output_bytes: 0,
+            commitment: None,
         }
+    }
+
+    /// The key commitment written in the header (once the first job was handed out):
+    /// what a tree's manifest records of this message.
+    pub fn commitment(&self) -> Option<[u8; COMMITMENT_LEN]> {
+        self.commitment
     }
 
     /// Plaintext bytes read so far.
@@ -173,23 +192,27 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
                 salt
             }
         };
-        let wrapper;
-        let context: &[u8] = match &self.params.framing {
+        let context: Vec<u8> = match &self.params.framing {
             Framing::Hetcrypt => {
-                wrapper = Wrapper {
+                let wrapper = Wrapper {
                     aead,
                     hash: self.params.hash,
+                    tree: self.params.tree_path.is_some(),
                 }
                 .to_bytes();
                 self.writer.write_all(&wrapper)?;
                 self.output_bytes += WRAPPER_LEN as u64;
-                &wrapper
+                match &self.params.tree_path {
+                    Some(path) => manifest::member_context(&wrapper, path),
+                    None => wrapper.to_vec(),
+                }
             }
-            Framing::Bare { context } => context,
+            Framing::Bare { context } => context.clone(),
         };
-        let derived = kdf::derive(self.params.hash, aead, &self.input_key, &salt, context)?;
+        let derived = kdf::derive(self.params.hash, aead, &self.input_key, &salt, &context)?;
         self.writer.write_all(&salt)?;
         self.writer.write_all(&derived.commitment)?;
+        self.commitment = Some(derived.commitment);
         self.output_bytes += (SALT_LEN + COMMITMENT_LEN) as u64;
         ChunkKeys::new(dispatcher, aead, &derived.key, &derived.base_nonce)
     }
@@ -263,6 +286,8 @@ pub struct DecryptStream<R, W> {
     last: Option<u64>,
     plaintext_bytes: u64,
     input_bytes: u64,
+    input_len: Option<u64>,
+    tree: Option<(Vec<u8>, Option<[u8; COMMITMENT_LEN]>)>,
 }
 
 impl<R, W> fmt::Debug for DecryptStream<R, W> {
@@ -289,7 +314,30 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
             last: None,
             plaintext_bytes: 0,
             input_bytes: 0,
+            input_len: None,
+            tree: None,
         }
+    }
+
+    /// The message is read as a member of an encrypted tree at `path` (empty: the
+    /// manifest), whose manifest lists `commitment` for it (`None` when reading the
+    /// manifest itself). Its header must carry the tree flag and that commitment,
+    /// checked before any chunk runs. Without this, a tree member is refused
+    /// ([`FormatError::TreeMember`]).
+    pub fn in_tree(
+        mut self,
+        path: impl Into<Vec<u8>>,
+        commitment: Option<[u8; COMMITMENT_LEN]>,
+    ) -> Self {
+        self.tree = Some((path.into(), commitment));
+        self
+    }
+
+    /// The whole input is `len` bytes long (a file's size): a length no message can
+    /// have fails once the header is read, before any chunk runs.
+    pub fn with_input_len(mut self, len: u64) -> Self {
+        self.input_len = Some(len);
+        self
     }
 
     /// Authenticated plaintext bytes written so far.
@@ -315,18 +363,26 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
     /// Reads the headers and checks the commitment, before any chunk is decrypted.
     fn start(&mut self, dispatcher: &Dispatcher) -> Result<ChunkKeys> {
         let mut wrapper_bytes = [0u8; WRAPPER_LEN];
-        let (aead, hash, context): (Aead, Hash, &[u8]) = match &self.params {
+        let (aead, hash, context): (Aead, Hash, Vec<u8>) = match &self.params {
             OpenParams::Hetcrypt => {
                 let n = read_full(&mut self.reader, &mut wrapper_bytes)?;
                 self.input_bytes += n as u64;
                 let w = Wrapper::parse(&wrapper_bytes[..n])?;
-                (w.aead, w.hash, &wrapper_bytes)
+                let context = match (&self.tree, w.tree) {
+                    (Some((path, _)), true) => manifest::member_context(&wrapper_bytes, path),
+                    (None, false) => wrapper_bytes.to_vec(),
+                    // A tree member alone: only its manifest can vouch for it.
+                    (None, true) => return Err(FormatError::TreeMember),
+                    // At a path the manifest lists, a message that is no member.
+                    (Some(_), false) => return Err(FormatError::ManifestMismatch),
+                };
+                (w.aead, w.hash, context)
             }
             OpenParams::Bare {
                 aead,
                 hash,
                 context,
-            } => (*aead, *hash, context),
+            } => (*aead, *hash, context.clone()),
         };
         if self.input_key.len() != aead.key_len() {
             return Err(FormatError::KeyLength {
@@ -346,9 +402,21 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
         }
         let (salt, commitment) = header.split_at(SALT_LEN);
         let salt: &[u8; SALT_LEN] = salt.try_into().expect("split at SALT_LEN");
-        let derived = kdf::derive(hash, aead, &self.input_key, salt, context)?;
+        if let Some((_, Some(listed))) = &self.tree {
+            // Public values: the manifest pins this exact message (salt and key).
+            if listed.as_slice() != commitment {
+                return Err(FormatError::ManifestMismatch);
+            }
+        }
+        let derived = kdf::derive(hash, aead, &self.input_key, salt, &context)?;
         if !openssl::memcmp::eq(&derived.commitment, commitment) {
             return Err(FormatError::WrongKey);
+        }
+        if let Some(len) = self.input_len {
+            let chunks = len.saturating_sub(self.input_bytes);
+            if !aead.possible_chunks_len(chunks) {
+                return Err(FormatError::BadLength { len });
+            }
         }
         ChunkKeys::new(dispatcher, aead, &derived.key, &derived.base_nonce)
     }

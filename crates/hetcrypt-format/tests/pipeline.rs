@@ -233,3 +233,85 @@ fn a_failing_engine_loses_no_chunk() {
     let reference = common::seal(&common::cpu(), &Pull, &key, params, &pt, 8).unwrap();
     assert!(ct == reference, "fail-over changed the ciphertext");
 }
+
+/// A reader that counts what was taken from it.
+struct Counted<R> {
+    inner: R,
+    taken: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: io::Read> io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.taken.set(self.taken.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Issue 19, item 8: a genuine message followed by a gigabyte of zeros (a padded
+/// file) fails at its first bad chunk, after at most two windows of input, instead of
+/// being read to its end; a full disk likewise stops the encryption at once.
+#[test]
+fn a_padded_ciphertext_or_a_full_disk_stops_the_stream_at_once() {
+    use io::Read as _;
+    const PADDING: u64 = 1 << 30;
+    const WINDOW: usize = 8;
+    let key = [6u8; 16];
+    let pt = common::pattern(40_000, 9);
+    let ct = common::seal(
+        &common::cpu(),
+        &Pull,
+        &key,
+        SealParams::new(Aead::Aes128Gcm),
+        &pt,
+        4,
+    )
+    .unwrap();
+    let taken = std::rc::Rc::new(std::cell::Cell::new(0));
+    let reader = Counted {
+        inner: (&ct[..]).chain(io::repeat(0).take(PADDING)),
+        taken: taken.clone(),
+    };
+    let stream = DecryptStream::new(reader, Vec::new(), &key, OpenParams::Hetcrypt);
+    let mut results = Results(Vec::new());
+    Pipeline::new(common::cpu(), &Pull)
+        .unwrap()
+        .window(WINDOW)
+        .run([stream], &mut results)
+        .unwrap();
+    let err = results.0.pop().unwrap().1.unwrap_err();
+    assert!(
+        matches!(err, FormatError::Tampered { chunk: 2, .. }),
+        "{err}"
+    );
+    let limit = (2 * WINDOW + 2) as u64 * Aead::Aes128Gcm.full_chunk_len() as u64;
+    assert!(taken.get() < limit, "read {} bytes", taken.get());
+
+    // Encrypting a gigabyte onto a disk that is full after 30 KB.
+    let taken = std::rc::Rc::new(std::cell::Cell::new(0));
+    let reader = Counted {
+        inner: io::repeat(1).take(PADDING),
+        taken: taken.clone(),
+    };
+    let full = FullDisk {
+        data: Vec::new(),
+        limit: 30_000,
+    };
+    let stream = EncryptStream::new(reader, full, &key, SealParams::new(Aead::Aes128Gcm));
+    let mut results = Results(Vec::new());
+    Pipeline::new(common::cpu(), &Pull)
+        .unwrap()
+        .window(WINDOW)
+        .run([stream], &mut results)
+        .unwrap();
+    let err = results.0.pop().unwrap().1.unwrap_err();
+    assert!(
+        matches!(&err, FormatError::Io(e) if e.raw_os_error() == Some(28)),
+        "{err}"
+    );
+    assert!(
+        taken.get() < 2 * WINDOW as u64 * CHUNK_SIZE as u64 + 1,
+        "read {}",
+        taken.get()
+    );
+}

@@ -64,12 +64,14 @@ fn flipped_byte_in_every_region() {
                 0..8 => matches!(err, FormatError::NotHetcrypt),
                 8 => matches!(err, FormatError::UnsupportedVersion(_)),
                 // A different AEAD id or hash id that exists still changes the context,
-                // so the commitment fails; an unknown one is refused outright.
+                // so the commitment fails; an unknown one is refused outright; the tree
+                // flag set makes it a tree member, refused alone.
                 9..12 => matches!(
                     err,
                     FormatError::UnknownId { .. }
                         | FormatError::WrongKey
                         | FormatError::KeyLength { .. }
+                        | FormatError::TreeMember
                 ),
                 12..HEADER => matches!(err, FormatError::WrongKey),
                 _ => {
@@ -209,5 +211,56 @@ fn not_a_hetcrypt_file() {
             open(&key, input).result,
             Err(FormatError::NotHetcrypt)
         ));
+    }
+}
+
+/// Issue 19, items 8 and 11: when the input's length is known (a file), a length no
+/// message can have fails before any chunk job runs, and says truncated; a cut inside
+/// the last chunk that the length cannot reveal is named as a possible truncation.
+#[test]
+fn a_length_no_message_can_have_fails_before_any_chunk_and_says_truncated() {
+    for aead in [Aead::Aes128Gcm, Aead::Aes128CbcHmacSha256] {
+        let (key, _pt, ct) = setup(aead);
+        let full = aead.full_chunk_len();
+        let short_tail = ct.len() - HEADER - 3 * full;
+        // Cut 3 bytes into the final chunk, or 5 bytes appended after a full chunk.
+        let mut padded = ct[..HEADER + 3 * full].to_vec();
+        padded.extend_from_slice(&[0; 5]);
+        for bad in [ct[..HEADER + 3 * full + 3].to_vec(), padded] {
+            let stream = hetcrypt_format::DecryptStream::new(
+                &bad[..],
+                Vec::new(),
+                &key,
+                OpenParams::Hetcrypt,
+            )
+            .with_input_len(bad.len() as u64);
+            let mut keep = Vec::new();
+            struct Keep<'a>(&'a mut Vec<Result<(), FormatError>>);
+            impl<S> hetcrypt_format::Observer<S> for Keep<'_> {
+                fn done(&mut self, _s: S, r: Result<(), FormatError>) {
+                    self.0.push(r);
+                }
+            }
+            let mut p = hetcrypt_format::Pipeline::new(common::cpu(), &Pull).unwrap();
+            p.run([stream], &mut Keep(&mut keep)).unwrap();
+            let err = keep.pop().unwrap().unwrap_err();
+            assert!(
+                matches!(err, FormatError::BadLength { len } if len == bad.len() as u64),
+                "{aead}: {err}"
+            );
+            assert!(err.to_string().contains("truncated"), "{err}");
+            assert_eq!(p.stats().jobs, 0, "{aead}: a chunk ran");
+        }
+        // The genuine length passes the check.
+        assert!(
+            aead.possible_chunks_len((3 * full + short_tail) as u64),
+            "{aead}"
+        );
+        // A cut inside the last chunk that leaves a plausible length.
+        let cut = &ct[..ct.len() - 1];
+        if aead.possible_chunks_len((cut.len() - HEADER) as u64) {
+            let err = open(&key, cut).result.unwrap_err();
+            assert!(err.to_string().contains("truncated"), "{aead}: {err}");
+        }
     }
 }

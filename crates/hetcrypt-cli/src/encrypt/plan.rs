@@ -10,14 +10,19 @@
 //!   directory as a subdirectory of the same name.
 //!
 //! Symbolic links and special files inside trees are skipped (listed, not followed);
-//! when decrypting a tree, files without the `.hc` suffix are skipped. Every directory
-//! of a tree, empty ones included, is recreated under OUT with its permission bits.
+//! when decrypting a tree, files without the `.hc` suffix are skipped (and the tree's
+//! manifest is read apart). Every directory of a tree, empty ones included, is
+//! recreated under OUT with its permission bits. Each file of a tree carries its path
+//! in the tree, which its key binds and its tree's manifest lists.
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
+
+use super::dest::Target;
+use super::walk;
 
 /// The suffix of encrypted files.
 pub const SUFFIX: &str = ".hc";
@@ -36,8 +41,17 @@ pub enum Way {
 pub enum Source {
     /// Standard input.
     Stdin,
-    /// A regular file.
-    File(PathBuf),
+    /// A file, listed as regular (its type is checked again on the opened descriptor).
+    File {
+        /// Its path.
+        path: PathBuf,
+        /// Whether a link in its last component is followed: only for a path the user
+        /// named, never for an entry of a tree.
+        follow: bool,
+        /// For an entry of a tree: the tree's root, from which it is opened directory
+        /// by directory without following links.
+        beneath: Option<PathBuf>,
+    },
 }
 
 /// Where a message goes.
@@ -45,8 +59,8 @@ pub enum Source {
 pub enum Dest {
     /// Standard output.
     Stdout,
-    /// A file (written beside, then renamed into place).
-    File(PathBuf),
+    /// A file, confined beneath its root (written to a temporary, named when complete).
+    File(Target),
 }
 
 /// One message to process.
@@ -58,8 +72,86 @@ pub struct Work {
     pub dest: Dest,
     /// Input size when known (for the progress bar).
     pub size: Option<u64>,
-    /// Permission bits to give the output (the input's).
-    pub mode: Option<u32>,
+    /// For a file of a tree: the tree's index in [`Plan::trees`] and the plaintext
+    /// file's path relative to the tree (what the manifest lists and the key binds).
+    pub tree: Option<(usize, Vec<u8>)>,
+}
+
+/// A directory tree given as input, and where its mirror goes.
+#[derive(Debug, Clone)]
+pub struct TreeRoot {
+    /// The input directory.
+    pub dir: PathBuf,
+    /// The output tree's root.
+    pub out: Target,
+    /// Whether the whole tree is processed (false: a member decrypted on its own,
+    /// whose tree is only consulted): only then are files the manifest lists but the
+    /// walk did not meet reported missing.
+    pub whole: bool,
+    /// Decrypting: the directory whose manifest vouches for the files (the tree's
+    /// root, or the nearest directory above it that has a manifest when a folder of
+    /// an encrypted tree is decrypted alone).
+    pub manifest_at: PathBuf,
+    /// The walked directory's path in that manifest's tree (empty at its root).
+    pub prefix: Vec<u8>,
+}
+
+impl TreeRoot {
+    /// A tree walked from `dir` into `out`; decrypting, its manifest is looked for in
+    /// `dir`, then in the directories above it.
+    fn new(dir: &Path, out: Target, way: Way) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let here = TreeRoot {
+            dir: dir.to_path_buf(),
+            out,
+            whole: true,
+            manifest_at: dir.to_path_buf(),
+            prefix: Vec::new(),
+        };
+        if way == Way::Encrypt || has_manifest(dir) {
+            return here;
+        }
+        let abs = resolved(dir);
+        let mut above = abs.parent();
+        while let Some(a) = above {
+            if has_manifest(a) {
+                let rel = abs.strip_prefix(a).unwrap_or(Path::new(""));
+                return TreeRoot {
+                    manifest_at: a.to_path_buf(),
+                    prefix: rel.as_os_str().as_bytes().to_vec(),
+                    ..here
+                };
+            }
+            above = a.parent();
+        }
+        here
+    }
+
+    /// The path in the manifest of a file at `rel` under the walked directory.
+    pub fn manifest_path(&self, rel: &[u8]) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            return rel.to_vec();
+        }
+        let mut p = self.prefix.clone();
+        p.push(b'/');
+        p.extend_from_slice(rel);
+        p
+    }
+
+    /// Whether the manifest's `path` lies under the walked directory.
+    pub fn covers(&self, path: &[u8]) -> bool {
+        self.prefix.is_empty()
+            || path
+                .strip_prefix(self.prefix.as_slice())
+                .is_some_and(|rest| rest.first() == Some(&b'/'))
+    }
+}
+
+/// Whether `dir` holds a tree manifest.
+fn has_manifest(dir: &Path) -> bool {
+    dir.join(hetcrypt_format::manifest::MANIFEST_NAME)
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_file())
 }
 
 /// A directory of an input tree and its mirror in the output tree.
@@ -68,7 +160,7 @@ pub struct Dir {
     /// The input directory.
     pub source: PathBuf,
     /// The directory to create.
-    pub dest: PathBuf,
+    pub dest: Target,
     /// Permission bits to give it (the input's), once its files are written.
     pub mode: u32,
 }
@@ -100,12 +192,29 @@ pub enum Entry {
 enum Root {
     /// Already decided (a single file, stdin, or a failure).
     Ready(Entry),
-    /// A directory to walk, mirrored under `out`.
-    Tree { dir: PathBuf, out: PathBuf },
+    /// A directory to walk: its index in [`Plan::trees`].
+    Tree(usize),
 }
 
-/// A directory walk in progress.
-type Walk = Box<dyn Iterator<Item = walkdir::Result<walkdir::DirEntry>>>;
+/// What the plan knows of a file before opening it: which file it is (to refuse an
+/// output onto its own input) and its size (for the progress bar).
+#[derive(Clone, Copy, Debug)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
+
+impl From<&std::fs::Metadata> for FileId {
+    fn from(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+        }
+    }
+}
 
 /// Everything a run will do, produced lazily: trees are walked as the pipeline asks for
 /// the next file, so memory does not grow with the number of files.
@@ -113,7 +222,11 @@ pub struct Plan {
     way: Way,
     force: bool,
     roots: VecDeque<Root>,
-    walk: Option<(Walk, PathBuf, PathBuf)>,
+    walk: Option<(walk::Walk, usize)>,
+    /// Decrypting: the encrypted trees met inside the current walk (a folder with a
+    /// manifest of its own), innermost last: their path in the walk and their index.
+    nested: Vec<(PathBuf, usize)>,
+    trees: Vec<TreeRoot>,
     stdout: bool,
 }
 
@@ -131,6 +244,17 @@ impl Plan {
         self.stdout
     }
 
+    /// Whether the message comes from standard input.
+    pub fn reads_stdin(&self) -> bool {
+        matches!(
+            self.roots.front(),
+            Some(Root::Ready(Entry::Work(Work {
+                source: Source::Stdin,
+                ..
+            })))
+        )
+    }
+
     /// The total input size, walking the trees once more (for the progress bar);
     /// `None` when standard input is read.
     pub fn total_size(&self) -> Option<u64> {
@@ -139,14 +263,15 @@ impl Plan {
             match root {
                 Root::Ready(Entry::Work(w)) => total += w.size?,
                 Root::Ready(_) => {}
-                Root::Tree { dir, .. } => {
-                    for e in walkdir::WalkDir::new(dir)
-                        .follow_links(false)
-                        .into_iter()
-                        .flatten()
-                    {
-                        if e.file_type().is_file() {
-                            total += e.metadata().map_or(0, |m| m.len());
+                Root::Tree(index) => {
+                    for item in walk::Walk::new(&self.trees[*index].dir) {
+                        if let walk::Item::Entry {
+                            kind: walk::Kind::File,
+                            meta,
+                            ..
+                        } = item
+                        {
+                            total += meta.size;
                         }
                     }
                 }
@@ -163,11 +288,12 @@ impl Plan {
     }
 
     /// The entry for a regular file going to `dest`, unless the destination is taken.
-    fn file(&self, path: &Path, meta: &std::fs::Metadata, dest: Dest) -> Entry {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if let Dest::File(d) = &dest {
+    fn file(&self, path: &Path, meta: FileId, dest: Dest, follow: bool) -> Entry {
+        use std::os::unix::fs::MetadataExt;
+        if let Dest::File(t) = &dest {
+            let d = &t.path();
             if let Ok(dm) = d.symlink_metadata() {
-                if dm.dev() == meta.dev() && dm.ino() == meta.ino() {
+                if dm.dev() == meta.dev && dm.ino() == meta.ino {
                     return Entry::Failed(Self::note(
                         path,
                         "the output would replace the input itself",
@@ -185,81 +311,169 @@ impl Plan {
             }
         }
         Entry::Work(Work {
-            source: Source::File(path.to_path_buf()),
+            source: Source::File {
+                path: path.to_path_buf(),
+                follow,
+                beneath: None,
+            },
             dest,
-            size: Some(meta.len()),
-            mode: Some(meta.permissions().mode() & 0o7777),
+            size: Some(meta.len),
+            tree: None,
         })
     }
 
-    /// Starts walking `dir`, never descending into the output tree `out` when it lies
-    /// inside the input.
-    fn start_walk(dir: &Path, out: &Path) -> Walk {
-        let out_abs = std::fs::canonicalize(out).ok();
-        Box::new(
-            walkdir::WalkDir::new(dir)
-                .follow_links(false)
-                .sort_by_file_name()
-                .into_iter()
-                .filter_entry(move |e| {
-                    out_abs.is_none()
-                        || !e.file_type().is_dir()
-                        || std::fs::canonicalize(e.path()).ok() != out_abs
-                }),
-        )
+    /// The input trees, in order.
+    pub fn trees(&self) -> &[TreeRoot] {
+        &self.trees
     }
 
-    /// The entry for one item of a walk of `dir` mirrored under `out`.
-    fn walked(&self, item: walkdir::Result<walkdir::DirEntry>, dir: &Path, out: &Path) -> Entry {
-        use std::os::unix::fs::PermissionsExt;
-        let entry = match item {
-            Ok(e) => e,
-            Err(e) => {
-                let path = e.path().unwrap_or(dir).to_path_buf();
-                let reason = match e.io_error() {
-                    Some(io) => io.to_string(),
-                    None => e.to_string(),
+    /// For a file decrypted on its own that is a tree member (its wrapper has the tree
+    /// flag): the tree it belongs to, the nearest directory above it that holds a
+    /// manifest, and the file's plaintext path there. The manifest then vouches for it
+    /// as in a whole-tree run.
+    fn tree_of_member(&mut self, input: &Path) -> Option<(usize, Vec<u8>)> {
+        use std::io::Read as _;
+        use std::os::unix::ffi::OsStrExt;
+        if self.way != Way::Decrypt {
+            return None;
+        }
+        let mut wrapper = [0u8; hetcrypt_format::header::WRAPPER_LEN];
+        std::fs::File::open(input)
+            .and_then(|mut f| f.read_exact(&mut wrapper))
+            .ok()?;
+        if !hetcrypt_format::Wrapper::parse(&wrapper).is_ok_and(|w| w.tree) {
+            return None;
+        }
+        let abs = resolved(input);
+        let name = out_name(abs.file_name()?, Way::Decrypt)?;
+        let mut dir = abs.parent()?;
+        loop {
+            if has_manifest(dir) {
+                let rel = abs.strip_prefix(dir).ok()?.with_file_name(name);
+                let index = match self.trees.iter().position(|t| !t.whole && t.dir == dir) {
+                    Some(i) => i,
+                    None => {
+                        self.trees.push(TreeRoot {
+                            dir: dir.to_path_buf(),
+                            out: Target::new(".", ""),
+                            whole: false,
+                            manifest_at: dir.to_path_buf(),
+                            prefix: Vec::new(),
+                        });
+                        self.trees.len() - 1
+                    }
                 };
-                return Entry::Failed(Self::note(&path, reason));
+                return Some((index, rel.as_os_str().as_bytes().to_vec()));
             }
+            dir = dir.parent()?;
+        }
+    }
+
+    /// Decrypting, keeps [`Plan::nested`] in step with the walk at `rel`: leaves the
+    /// trees the walk has left, and enters the folder `rel` as a tree of its own when
+    /// it holds a manifest (as each input of `encrypt A B -o OUT` does in OUT).
+    fn track_nested(&mut self, index: usize, rel: &Path, is_dir: bool) {
+        if self.way != Way::Decrypt {
+            return;
+        }
+        while self
+            .nested
+            .last()
+            .is_some_and(|(n, _)| !rel.starts_with(n) || rel == n)
+        {
+            self.nested.pop();
+        }
+        if !is_dir || rel.as_os_str().is_empty() {
+            return;
+        }
+        let (dir, out) = (self.trees[index].dir.join(rel), &self.trees[index].out);
+        if has_manifest(&dir) {
+            let out = Target::new(&out.root, out.rel.join(rel));
+            self.trees.push(TreeRoot {
+                manifest_at: dir.clone(),
+                dir,
+                out,
+                whole: true,
+                prefix: Vec::new(),
+            });
+            self.nested.push((rel.to_path_buf(), self.trees.len() - 1));
+        }
+    }
+
+    /// The entry for one item of the walk of tree `index`; `None` for a tree's
+    /// manifest, which decrypting reads first and apart.
+    fn walked(&mut self, item: walk::Item, index: usize) -> Option<Entry> {
+        use std::os::unix::ffi::OsStrExt;
+        match &item {
+            walk::Item::Dir { rel, .. } => self.track_nested(index, rel, true),
+            walk::Item::Entry { rel, .. } => self.track_nested(index, rel, false),
+            walk::Item::Error { .. } => {}
+        }
+        let TreeRoot { dir, out, .. } = &self.trees[index];
+        let (rel, kind, meta) = match item {
+            walk::Item::Error { rel, error } => {
+                return Some(Entry::Failed(Self::note(&dir.join(rel), error.to_string())))
+            }
+            walk::Item::Dir { rel, mode } => {
+                return Some(Entry::Dir(Dir {
+                    source: dir.join(&rel),
+                    dest: Target::new(&out.root, out.rel.join(&rel)),
+                    mode,
+                }))
+            }
+            walk::Item::Entry { rel, kind, meta } => (rel, kind, meta),
         };
-        let path = entry.path();
-        let ft = entry.file_type();
-        let rel = path
-            .strip_prefix(dir)
-            .expect("walkdir yields paths under its root");
-        if ft.is_dir() {
-            return match entry.metadata() {
-                Ok(meta) => Entry::Dir(Dir {
-                    source: path.to_path_buf(),
-                    // `out.join("")` would end the tree's root with a slash.
-                    dest: if rel.as_os_str().is_empty() {
-                        out.to_path_buf()
-                    } else {
-                        out.join(rel)
-                    },
-                    mode: meta.permissions().mode() & 0o7777,
-                }),
-                Err(e) => Entry::Failed(Self::note(path, e.to_string())),
-            };
+        let path = dir.join(&rel);
+        let file_name = rel.file_name().unwrap_or_default();
+        if self.way == Way::Decrypt && file_name == hetcrypt_format::manifest::MANIFEST_NAME {
+            return None;
         }
-        if ft.is_symlink() {
-            return Entry::Skipped(Self::note(path, "symbolic link, not followed"));
+        match kind {
+            walk::Kind::File => {}
+            walk::Kind::Link => {
+                return Some(Entry::Skipped(Self::note(
+                    &path,
+                    "symbolic link, not followed",
+                )))
+            }
+            walk::Kind::Dir | walk::Kind::Other => {
+                return Some(Entry::Skipped(Self::note(&path, "not a regular file")))
+            }
         }
-        if !ft.is_file() {
-            return Entry::Skipped(Self::note(path, "not a regular file"));
-        }
-        let Some(name) = out_name(entry.file_name(), self.way) else {
-            return Entry::Skipped(Self::note(path, format!("no {SUFFIX} suffix")));
+        let Some(name) = out_name(file_name, self.way) else {
+            return Some(Entry::Skipped(Self::note(
+                &path,
+                format!("no {SUFFIX} suffix"),
+            )));
         };
-        let dest = match rel.parent() {
-            Some(p) => out.join(p).join(name),
-            None => out.join(name),
+        // The plaintext file's path in the tree: the input's when encrypting, the
+        // output's when decrypting.
+        let plain_rel = match self.way {
+            Way::Encrypt => rel.clone(),
+            Way::Decrypt => rel.with_file_name(&name),
         };
-        match entry.metadata() {
-            Ok(meta) => self.file(path, &meta, Dest::File(dest)),
-            Err(e) => Entry::Failed(Self::note(path, e.to_string())),
-        }
+        let dest = Target::new(&out.root, out.rel.join(rel.with_file_name(&name)));
+        let id = FileId {
+            dev: meta.dev,
+            ino: meta.ino,
+            len: meta.size,
+        };
+        // The innermost encrypted tree holding the file, and its path there.
+        let (tree, in_tree) = match self.nested.last() {
+            Some((n, i)) => (*i, plain_rel.strip_prefix(n).unwrap_or(&plain_rel)),
+            None => (index, plain_rel.as_path()),
+        };
+        let in_manifest = self.trees[tree].manifest_path(in_tree.as_os_str().as_bytes());
+        Some(match self.file(&path, id, Dest::File(dest), false) {
+            Entry::Work(mut w) => {
+                w.tree = Some((tree, in_manifest));
+                if let Source::File { beneath, .. } = &mut w.source {
+                    *beneath = Some(dir.clone());
+                }
+                Entry::Work(w)
+            }
+            other => other,
+        })
     }
 }
 
@@ -268,19 +482,25 @@ impl Iterator for Plan {
 
     fn next(&mut self) -> Option<Entry> {
         loop {
-            if let Some((walk, dir, out)) = &mut self.walk {
+            if let Some((walk, index)) = &mut self.walk {
                 match walk.next() {
                     Some(item) => {
-                        let (dir, out) = (dir.clone(), out.clone());
-                        return Some(self.walked(item, &dir, &out));
+                        let index = *index;
+                        match self.walked(item, index) {
+                            Some(entry) => return Some(entry),
+                            None => continue,
+                        }
                     }
-                    None => self.walk = None,
+                    None => {
+                        self.walk = None;
+                        self.nested.clear();
+                    }
                 }
             }
             match self.roots.pop_front()? {
                 Root::Ready(entry) => return Some(entry),
-                Root::Tree { dir, out } => {
-                    self.walk = Some((Self::start_walk(&dir, &out), dir, out));
+                Root::Tree(index) => {
+                    self.walk = Some((walk::Walk::new(&self.trees[index].dir), index));
                 }
             }
         }
@@ -319,6 +539,58 @@ fn split_off_suffix(name: &OsStr, keep: usize) -> OsString {
     OsStr::from_bytes(&name.as_bytes()[..keep]).to_os_string()
 }
 
+/// The target of an output file the user named.
+fn file_target(path: &Path) -> anyhow::Result<Target> {
+    match Target::file(path) {
+        Some(t) => Ok(t),
+        None => bail!("{} does not name a file", show(path)),
+    }
+}
+
+/// A path made absolute and free of `.`, `..` and links as far as it exists (the
+/// rest, not yet made, appended as written).
+fn resolved(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = abs.as_path();
+    let mut rest: Vec<&OsStr> = Vec::new();
+    loop {
+        if let Ok(canon) = std::fs::canonicalize(existing) {
+            let mut out = canon;
+            for part in rest.iter().rev() {
+                match *part {
+                    p if p == ".." => {
+                        out.pop();
+                    }
+                    p if p == "." => {}
+                    p => out.push(p),
+                }
+            }
+            return out;
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                existing = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
+/// Refuses an output tree inside (or equal to) the input tree, before anything is
+/// written: walking the input would meet the outputs, encrypting them in turn.
+fn refuse_output_inside(input: &Path, output: &Path) -> anyhow::Result<()> {
+    let (i, o) = (resolved(input), resolved(output));
+    if o.starts_with(&i) {
+        bail!(
+            "the output {} lies inside the input {}: choose an output outside it",
+            show(output),
+            show(input)
+        );
+    }
+    Ok(())
+}
+
 /// Works out what goes where: checks the arguments now, walks trees later.
 pub fn plan(
     inputs: &[PathBuf],
@@ -331,6 +603,8 @@ pub fn plan(
         force,
         roots: VecDeque::new(),
         walk: None,
+        nested: Vec::new(),
+        trees: Vec::new(),
         stdout: false,
     };
     let is_dash = |x: &Path| x.as_os_str() == "-";
@@ -351,7 +625,7 @@ pub fn plan(
                     if o.exists() && !force {
                         bail!("{} already exists (use --force to overwrite)", show(o));
                     }
-                    Dest::File(o.to_path_buf())
+                    Dest::File(file_target(o)?)
                 }
             };
             p.stdout = dest == Dest::Stdout;
@@ -359,7 +633,7 @@ pub fn plan(
                 source: Source::Stdin,
                 dest,
                 size: None,
-                mode: None,
+                tree: None,
             })));
             return Ok(p);
         }
@@ -384,10 +658,10 @@ pub fn plan(
             if root.exists() && !root.is_dir() {
                 bail!("{} exists and is not a directory", show(root));
             }
-            p.roots.push_back(Root::Tree {
-                dir: input.clone(),
-                out: root.to_path_buf(),
-            });
+            refuse_output_inside(input, root)?;
+            p.trees
+                .push(TreeRoot::new(input, Target::new(root, ""), way));
+            p.roots.push_back(Root::Tree(p.trees.len() - 1));
             return Ok(p);
         }
         if !meta.is_file() {
@@ -401,32 +675,39 @@ pub fn plan(
         let dest = match output {
             Some(o) if is_dash(o) => Dest::Stdout,
             Some(o) if out_is_dir => match out_name(name, way) {
-                Some(n) => Dest::File(o.join(n)),
+                Some(n) => Dest::File(Target::new(o, n)),
                 None => bail!(
                     "{} has no {SUFFIX} suffix: name the output file with -o",
                     show(input)
                 ),
             },
-            Some(o) => Dest::File(o.to_path_buf()),
+            Some(o) => Dest::File(file_target(o)?),
             None => match out_name(name, way) {
-                Some(n) => Dest::File(input.with_file_name(n)),
+                Some(n) => Dest::File(file_target(&input.with_file_name(n))?),
                 None => bail!(
                     "{} has no {SUFFIX} suffix: name the output with -o",
                     show(input)
                 ),
             },
         };
-        let entry = if dest == Dest::Stdout {
+        let mut entry = if dest == Dest::Stdout {
             p.stdout = true;
             Entry::Work(Work {
-                source: Source::File(input.clone()),
+                source: Source::File {
+                    path: input.clone(),
+                    follow: true,
+                    beneath: None,
+                },
                 dest,
                 size: Some(meta.len()),
-                mode: None,
+                tree: None,
             })
         } else {
-            p.file(input, &meta, dest)
+            p.file(input, FileId::from(&meta), dest, true)
         };
+        if let Entry::Work(w) = &mut entry {
+            w.tree = p.tree_of_member(input);
+        }
         p.roots.push_back(Root::Ready(entry));
         return Ok(p);
     }
@@ -455,11 +736,12 @@ pub fn plan(
             }
         };
         let name = input.file_name().unwrap_or(input.as_os_str());
-        let dest = if meta.is_dir() {
-            root.join(name)
+        let rel = if meta.is_dir() {
+            refuse_output_inside(input, root)?;
+            PathBuf::from(name)
         } else if meta.is_file() {
             match out_name(name, way) {
-                Some(n) => root.join(n),
+                Some(n) => PathBuf::from(n),
                 None => {
                     let note = Plan::note(input, format!("no {SUFFIX} suffix"));
                     p.roots.push_back(Root::Ready(Entry::Skipped(note)));
@@ -473,18 +755,24 @@ pub fn plan(
             ))));
             continue;
         };
-        if !taken.insert(dest.clone()) {
-            let note = Plan::note(input, format!("another input also goes to {}", show(&dest)));
+        let dest = Target::new(root, rel);
+        if !taken.insert(dest.path()) {
+            let note = Plan::note(
+                input,
+                format!("another input also goes to {}", show(&dest.path())),
+            );
             p.roots.push_back(Root::Ready(Entry::Failed(note)));
             continue;
         }
         let entry = if meta.is_dir() {
-            Root::Tree {
-                dir: input.clone(),
-                out: dest,
-            }
+            p.trees.push(TreeRoot::new(input, dest, way));
+            Root::Tree(p.trees.len() - 1)
         } else {
-            Root::Ready(p.file(input, &meta, Dest::File(dest)))
+            let mut entry = p.file(input, FileId::from(&meta), Dest::File(dest), true);
+            if let Entry::Work(w) = &mut entry {
+                w.tree = p.tree_of_member(input);
+            }
+            Root::Ready(entry)
         };
         p.roots.push_back(entry);
     }

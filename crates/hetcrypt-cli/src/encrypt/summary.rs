@@ -68,6 +68,26 @@ pub struct Summary {
     pub skipped: Vec<Note>,
 }
 
+/// Text for a terminal: control characters (ESC, newline, DEL, C1) and the bidi
+/// controls that reorder what is shown are written as escapes (`\u{1b}`, `\n`), so
+/// a file name can neither move the cursor nor forge a line of the summary.
+pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
+    let risky =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(risky) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if risky(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `n` bytes for people (binary units).
 fn human(n: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -130,10 +150,10 @@ impl Summary {
             s += &format!("  {:<28} unavailable: {}\n", u.engine, u.reason);
         }
         for n in &self.failed {
-            s += &format!("  failed:  {}: {}\n", n.path, n.reason);
+            s += &format!("  failed:  {}: {}\n", escape(&n.path), escape(&n.reason));
         }
         for n in &self.skipped {
-            s += &format!("  skipped: {}: {}\n", n.path, n.reason);
+            s += &format!("  skipped: {}: {}\n", escape(&n.path), escape(&n.reason));
         }
         s
     }

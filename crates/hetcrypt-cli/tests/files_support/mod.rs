@@ -33,7 +33,7 @@ pub fn assert_no_temporaries(root: &Path) {
         let e = e.unwrap();
         let name = e.file_name().to_string_lossy();
         assert!(
-            !name.ends_with(".tmp"),
+            !name.ends_with(".tmp") && !name.starts_with(".hetcrypt-tmp-"),
             "temporary left behind: {}",
             e.path().display()
         );

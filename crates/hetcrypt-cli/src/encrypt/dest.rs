@@ -1,0 +1,487 @@
+//! Confined outputs and temporaries that never outlive the run.
+//!
+//! - Every path under a destination root is opened relative to the root, one component
+//!   at a time, with `O_NOFOLLOW`: a symbolic link met on the way is an error naming
+//!   it, never followed, so nothing is written outside the destination (the root
+//!   itself, the path the user named, is opened as named).
+//! - An output is first an anonymous `O_TMPFILE` file in its directory, given a name
+//!   (`linkat`) only once complete (decrypted: fully authenticated); a signal, a crash
+//!   or `kill -9` before that leaves no trace, since an unnamed file vanishes with its
+//!   last descriptor.
+//! - Where the file system has no `O_TMPFILE`, the temporary is a named file
+//!   `.hetcrypt-tmp-<pid>-<random>` (mode 0600): removed on failure, on SIGINT, SIGTERM
+//!   and SIGHUP, and, after a `kill -9`, by the next run that writes into the same
+//!   directory (a name whose process is gone). Its name has a fixed length, so a legal
+//!   destination name never fails for the temporary's sake.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
+use rustix::io::Errno;
+
+/// Prefix of named temporaries, so a later run recognises (and removes) those an
+/// earlier one left behind when it was killed.
+pub const TEMP_PREFIX: &str = ".hetcrypt-tmp-";
+
+/// Temporaries and new key files are private until complete.
+const PRIVATE_MODE: u32 = 0o600;
+
+/// Directories made for outputs get the usual 0777 less the umask (trees' directories
+/// get their input's mode at the end of the run).
+const NEW_DIR_MODE: u32 = 0o777;
+
+/// Debug builds only: makes every temporary a named one, as on a file system without
+/// `O_TMPFILE` (so tests exercise the fallback and its signal handling).
+const TEST_NO_TMPFILE: &str = "HETCRYPT_TEST_NO_TMPFILE";
+
+/// An output's place: the root the user named and the path under it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The destination root (a directory the user named, opened as named).
+    pub root: PathBuf,
+    /// The path under the root: plain names only, none of them a link.
+    pub rel: PathBuf,
+}
+
+impl Target {
+    /// `rel` under `root`.
+    pub fn new(root: impl Into<PathBuf>, rel: impl Into<PathBuf>) -> Self {
+        Target {
+            root: root.into(),
+            rel: rel.into(),
+        }
+    }
+
+    /// A file path as the user named it: its directory is the root.
+    pub fn file(path: &Path) -> Option<Self> {
+        let name = path.file_name()?;
+        let root = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Some(Target::new(root, name))
+    }
+
+    /// The whole path, for people.
+    pub fn path(&self) -> PathBuf {
+        if self.rel.as_os_str().is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(&self.rel)
+        }
+    }
+}
+
+/// A directory opened beneath a destination root, and its path for messages.
+#[derive(Clone, Debug)]
+pub struct DirFd {
+    /// The open directory.
+    pub fd: Arc<OwnedFd>,
+    /// Its path, for messages and to sync it once per run.
+    pub path: PathBuf,
+}
+
+fn errno_message(path: &Path, e: Errno) -> io::Error {
+    let show = super::plan::show(path);
+    match e {
+        Errno::LOOP => io::Error::other(format!(
+            "{show} is a symbolic link: hetcrypt never writes through links"
+        )),
+        Errno::NOTDIR => io::Error::other(format!("{show} exists and is not a directory")),
+        other => io::Error::new(
+            io::Error::from(other).kind(),
+            format!("cannot write {show}: {}", io::Error::from(other)),
+        ),
+    }
+}
+
+/// Opens (making it and missing parents when `create`) the destination root.
+fn open_root(root: &Path, create: bool) -> io::Result<(OwnedFd, bool)> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match rustix::fs::openat(CWD, root, flags, Mode::empty()) {
+        Ok(fd) => Ok((fd, false)),
+        Err(Errno::NOENT) if create => {
+            std::fs::create_dir_all(root).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot create {}: {e}", super::plan::show(root)),
+                )
+            })?;
+            let fd = rustix::fs::openat(CWD, root, flags, Mode::empty())
+                .map_err(|e| errno_message(root, e))?;
+            Ok((fd, true))
+        }
+        Err(e) => Err(errno_message(root, e)),
+    }
+}
+
+/// Opens the directory `rel` under `root` one component at a time without following
+/// links (making missing ones when `create`); returns it and whether its last
+/// component was made by this call.
+pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, bool)> {
+    let (mut fd, mut created) = open_root(root, create)?;
+    let mut path = root.to_path_buf();
+    for c in rel.components() {
+        let name = match c {
+            Component::Normal(n) => n,
+            Component::CurDir => continue,
+            _ => {
+                return Err(io::Error::other(format!(
+                    "{}: not a plain relative path",
+                    super::plan::show(rel)
+                )))
+            }
+        };
+        path.push(name);
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        created = false;
+        fd = match rustix::fs::openat(&fd, name, flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(Errno::NOENT) if create => {
+                match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(NEW_DIR_MODE)) {
+                    Ok(()) => created = true,
+                    Err(Errno::EXIST) => {} // made meanwhile; opened below
+                    Err(e) => return Err(errno_message(&path, e)),
+                }
+                rustix::fs::openat(&fd, name, flags, Mode::empty())
+                    .map_err(|e| errno_message(&path, e))?
+            }
+            // With O_DIRECTORY, a link is ENOTDIR rather than ELOOP: tell them apart.
+            Err(Errno::NOTDIR)
+                if rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Symlink) =>
+            {
+                return Err(errno_message(&path, Errno::LOOP))
+            }
+            Err(e) => return Err(errno_message(&path, e)),
+        };
+    }
+    Ok((
+        DirFd {
+            fd: Arc::new(fd),
+            path,
+        },
+        created,
+    ))
+}
+
+/// The directory the last output went into: consecutive outputs of a tree share one
+/// descriptor. (It stays the directory opened beneath the root even if a link
+/// replaces its name later: writes remain confined.)
+static LAST_DIR: Mutex<Option<(PathBuf, PathBuf, DirFd)>> = Mutex::new(None);
+
+/// [`open_dir`] with creation, reusing the last directory's descriptor.
+pub fn open_output_dir(root: &Path, rel: &Path) -> io::Result<DirFd> {
+    let mut last = LAST_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((r, p, dir)) = last.as_ref() {
+        if r == root && p == rel {
+            return Ok(dir.clone());
+        }
+    }
+    let (dir, _) = open_dir(root, rel, true)?;
+    *last = Some((root.to_path_buf(), rel.to_path_buf(), dir.clone()));
+    Ok(dir)
+}
+
+/// Named temporaries alive now, by id: what a signal removes.
+static LIVE: Mutex<BTreeMap<u64, (Arc<OwnedFd>, OsString)>> = Mutex::new(BTreeMap::new());
+/// Ids for [`LIVE`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+/// Directories already swept for leftovers in this run, by (device, inode).
+static SWEPT: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+
+/// The registry, even if a thread panicked holding it (it stays consistent: each
+/// operation is one insert or remove).
+fn live() -> MutexGuard<'static, BTreeMap<u64, (Arc<OwnedFd>, OsString)>> {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Starts a thread that, on SIGINT, SIGTERM or SIGHUP, removes every named temporary
+/// and then ends the process as the signal would have. Anonymous temporaries need no
+/// such care. Call once, before any output is opened.
+pub fn remove_temporaries_on_signals() -> io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("hetcrypt-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                // Held until the process ends: no temporary can be made after these
+                // are removed.
+                let live = live();
+                for (dir, name) in live.values() {
+                    let _ = rustix::fs::unlinkat(&**dir, name.as_os_str(), AtFlags::empty());
+                }
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+                // Not reached for these signals, whose default ends the process.
+                std::process::exit(128 + signal);
+            }
+        })?;
+    Ok(())
+}
+
+/// Removes the named temporaries of earlier runs whose process is gone, once per
+/// directory per run; says so on stderr.
+fn sweep_leftovers(dir: &DirFd) {
+    let Ok(st) = rustix::fs::fstat(&*dir.fd) else {
+        return;
+    };
+    {
+        let mut swept = SWEPT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !swept.insert((st.st_dev, st.st_ino)) {
+            return;
+        }
+    }
+    let Ok(entries) = rustix::fs::Dir::read_from(&*dir.fd) else {
+        return;
+    };
+    let me = std::process::id();
+    let mut removed = 0usize;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_bytes();
+        let Some(rest) = name.strip_prefix(TEMP_PREFIX.as_bytes()) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split(|&b| b == b'-')
+            .next()
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let gone = pid != me
+            && i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+                .is_some_and(|p| rustix::process::test_kill_process(p) == Err(Errno::SRCH));
+        let regular = rustix::fs::statat(&*dir.fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile);
+        if gone
+            && regular
+            && rustix::fs::unlinkat(&*dir.fd, entry.file_name(), AtFlags::empty()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        eprintln!(
+            "hetcrypt: removed {removed} temporary file{} left in {} by an interrupted run",
+            if removed == 1 { "" } else { "s" },
+            super::summary::escape(&super::plan::show(&dir.path))
+        );
+    }
+}
+
+/// Whether anonymous temporaries can be used: an `O_TMPFILE` file is named through
+/// `/proc/self/fd` (linking it by descriptor alone, `AT_EMPTY_PATH`, needs a
+/// capability), so without /proc every temporary is a named one. Tests can ask for
+/// named ones too (debug builds only).
+fn anonymous_temporaries() -> bool {
+    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced_off = cfg!(debug_assertions) && std::env::var_os(TEST_NO_TMPFILE).is_some();
+    !forced_off && *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
+}
+
+/// A temporary output file in a destination directory.
+#[derive(Debug)]
+pub struct Temp {
+    file: File,
+    dir: DirFd,
+    /// `Some((id, name))` for a named temporary, `None` for an anonymous one.
+    named: Option<(u64, OsString)>,
+}
+
+/// Makes a fresh named temporary in `dir` and registers it for removal on a signal.
+fn named_temp(dir: &DirFd) -> io::Result<(File, u64, OsString)> {
+    let mut live = live();
+    loop {
+        let name = temp_name()?;
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(
+            &*dir.fd,
+            name.as_os_str(),
+            flags,
+            Mode::from_raw_mode(PRIVATE_MODE),
+        ) {
+            Ok(fd) => {
+                let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                live.insert(id, (dir.fd.clone(), name.clone()));
+                return Ok((File::from(fd), id, name));
+            }
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(errno_message(&dir.path, e)),
+        }
+    }
+}
+
+impl Temp {
+    /// A new temporary in `dir`: anonymous where the file system allows.
+    pub fn new(dir: DirFd) -> io::Result<Self> {
+        sweep_leftovers(&dir);
+        if anonymous_temporaries() {
+            let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
+            match rustix::fs::openat(&*dir.fd, ".", flags, Mode::from_raw_mode(PRIVATE_MODE)) {
+                Ok(fd) => {
+                    return Ok(Temp {
+                        file: File::from(fd),
+                        dir,
+                        named: None,
+                    })
+                }
+                // No O_TMPFILE on this file system or kernel: a named one.
+                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL | Errno::NOSYS) => {}
+                Err(e) => return Err(errno_message(&dir.path, e)),
+            }
+        }
+        let (file, id, name) = named_temp(&dir)?;
+        Ok(Temp {
+            file,
+            dir,
+            named: Some((id, name)),
+        })
+    }
+
+    /// The file, to write into.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Leaves `n` bytes of zeros as a hole instead of writing them.
+    pub fn skip(&mut self, n: u64) -> io::Result<()> {
+        let n = i64::try_from(n).map_err(io::Error::other)?;
+        io::Seek::seek(&mut self.file, io::SeekFrom::Current(n)).map(drop)
+    }
+
+    /// Gives the temporary's content the name `name` in its directory, after setting
+    /// `mode` and syncing it. Without `force` an existing name is never replaced; with
+    /// it, only a regular file is (never a link or a directory). Returns the
+    /// directory, to sync once the run's renames are done.
+    pub fn commit(mut self, name: &OsStr, mode: Option<u32>, force: bool) -> io::Result<DirFd> {
+        let dest = self.dir.path.join(name);
+        if let Some(mode) = mode {
+            rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
+        }
+        // A hole at the end (skipped zeros) is part of the file too.
+        let end = io::Seek::stream_position(&mut self.file)?;
+        if self.file.metadata()?.len() < end {
+            self.file.set_len(end)?;
+        }
+        self.file.sync_all()?;
+        match rustix::fs::statat(&*self.dir.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+                _ if !force => return Err(exists(&dest)),
+                FileType::RegularFile => {}
+                FileType::Symlink => {
+                    return Err(io::Error::other(format!(
+                        "{} is a symbolic link: --force replaces only regular files",
+                        super::plan::show(&dest)
+                    )))
+                }
+                _ => {
+                    return Err(io::Error::other(format!(
+                        "{} is not a regular file: --force replaces only regular files",
+                        super::plan::show(&dest)
+                    )))
+                }
+            },
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(errno_message(&dest, e)),
+        }
+        let dir = self.dir.fd.clone();
+        if self.named.is_none() {
+            if !force {
+                return self.link_anonymous(name, &dest).map(|()| self.dir.clone());
+            }
+            // An anonymous file cannot be renamed: name it, then rename the name.
+            let (id, tmp) = register_name(&self.dir)?;
+            self.named = Some((id, tmp.clone()));
+            self.link_anonymous(&tmp, &dest)?;
+        }
+        let (_, tmp) = self.named.as_ref().expect("named above or at creation");
+        if force {
+            rustix::fs::renameat(&*dir, tmp.as_os_str(), &*dir, name)
+                .map_err(|e| errno_message(&dest, e))?;
+        } else {
+            match rustix::fs::linkat(&*dir, tmp.as_os_str(), &*dir, name, AtFlags::empty()) {
+                Ok(()) => {}
+                Err(Errno::EXIST) => return Err(exists(&dest)),
+                Err(e) => return Err(errno_message(&dest, e)),
+            }
+            let _ = rustix::fs::unlinkat(&*dir, tmp.as_os_str(), AtFlags::empty());
+        }
+        if let Some((id, _)) = self.named.take() {
+            live().remove(&id);
+        }
+        Ok(self.dir.clone())
+    }
+
+    /// Links the anonymous file in as `name` (never replacing one).
+    fn link_anonymous(&self, name: &OsStr, dest: &Path) -> io::Result<()> {
+        let proc = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        let linked = rustix::fs::linkat(
+            CWD,
+            proc.as_str(),
+            &*self.dir.fd,
+            name,
+            AtFlags::SYMLINK_FOLLOW,
+        );
+        match linked {
+            Ok(()) => Ok(()),
+            Err(Errno::EXIST) => Err(exists(dest)),
+            Err(e) => Err(errno_message(dest, e)),
+        }
+    }
+}
+
+/// A fresh temporary name: fixed length whatever the destination's name.
+fn temp_name() -> io::Result<OsString> {
+    let mut random = [0u8; 8];
+    openssl::rand::rand_bytes(&mut random).map_err(io::Error::other)?;
+    Ok(OsString::from(format!(
+        "{TEMP_PREFIX}{}-{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(random)
+    )))
+}
+
+/// A registered name for a temporary that does not exist yet (the anonymous file is
+/// linked to it next): registered first, so a signal in between removes the link.
+fn register_name(dir: &DirFd) -> io::Result<(u64, OsString)> {
+    let name = temp_name()?;
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    live().insert(id, (dir.fd.clone(), name.clone()));
+    Ok((id, name))
+}
+
+fn exists(dest: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} already exists (use --force to overwrite)",
+            super::plan::show(dest)
+        ),
+    )
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if let Some((id, name)) = self.named.take() {
+            let _ = rustix::fs::unlinkat(&*self.dir.fd, name.as_os_str(), AtFlags::empty());
+            live().remove(&id);
+        }
+    }
+}
