@@ -184,7 +184,9 @@ impl Ctx {
         // CBC without a held-back block. TLS encryption pads the record first.
         let len = match self.mode {
             Mode::Ctr if inl.is_multiple_of(BLOCK) => inl,
-            Mode::Cbc | Mode::CbcPkcs7 if self.tls && self.enc => {
+            // (The default provider refuses TLS records without padding on: so do we,
+            // by leaving the call to it.)
+            Mode::Cbc | Mode::CbcPkcs7 if self.tls && self.enc && self.pad => {
                 let padded = (inl / BLOCK + 1) * BLOCK;
                 if !std::ptr::eq(in_, out) || outsize < padded {
                     return Err(false); // the inner context reports the error
