@@ -141,8 +141,9 @@ for cfg in $CONFIGS; do
 					/Non-2xx/ { err += $NF }
 					END { printf "RUN %s %s %s %s %s %d %.3f %.3f %d\n", cfg, suite, size, mode, rps, bps, p50, p99, err + 0 }' "$W/wrk.out"
 				if [ "$PERF" = 1 ]; then
-					perf report -q -i "$W/perf.data" --comm nginx --sort dso --stdio 2>/dev/null |
-						awk -v k="$cfg $suite $size $mode" 'NF >= 2 && $1 ~ /%$/ { sub("%", "", $1); s = s " " $2 "=" $1 } END { print "SHARE " k s }'
+					# nginx's samples by library, in percent of all samples.
+					perf report -q -i "$W/perf.data" --sort comm,dso --stdio 2>/dev/null |
+						awk -v k="$cfg $suite $size $mode" '$2 == "nginx" && $1 ~ /%$/ { sub("%", "", $1); s = s " " $3 "=" $1 } END { print "SHARE " k s }'
 				fi
 			done
 		done
