@@ -12,12 +12,12 @@ rounds=$1
 seconds=$2
 dir=$3
 shift 3
+ciphers=$*
 configs=${CONFIGS:-default hetcrypt}
 P="-provider-path $dir -provider hetcrypt -provider default -propquery provider=hetcrypt"
 r=1
 while [ "$r" -le "$rounds" ]; do
 	# Rotate the order so no configuration always runs first (or last).
-	set -- "$@"
 	order=$configs
 	i=1
 	while [ "$i" -lt "$r" ]; do
@@ -27,7 +27,7 @@ while [ "$r" -le "$rounds" ]; do
 		order="$rest $first"
 		i=$((i + 1))
 	done
-	for cipher in "$@"; do
+	for cipher in $ciphers; do
 		for cfg in $order; do
 			case $cfg in
 			default) args="" env="" ;;
@@ -37,9 +37,8 @@ while [ "$r" -le "$rounds" ]; do
 			esac
 			# shellcheck disable=SC2086
 			line=$(env $env openssl speed -elapsed -seconds "$seconds" $args -evp "$cipher" 2>/dev/null | tail -n 1)
-			set -- $line
-			shift
-			echo "RESULT $cfg $cipher $r $*"
+			# "AES-128-CBC v16 v64 ...": drop the name.
+			echo "RESULT $cfg $cipher $r ${line#* }"
 		done
 	done
 	r=$((r + 1))
