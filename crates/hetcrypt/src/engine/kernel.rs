@@ -17,9 +17,9 @@
 //! touching the kernel again, because a second request on a socket whose device is
 //! gone crashed the Debian 6.1 kernel in our testbed (DESIGN.md section 3).
 
-mod afalg;
-mod device;
-mod proc_crypto;
+pub(crate) mod afalg;
+pub(crate) mod device;
+pub(crate) mod proc_crypto;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -231,7 +231,7 @@ impl KernelEngine {
 
 /// Reads `/proc/crypto`, or nothing if it cannot be read (the driver columns then
 /// stay empty; binding still tells what works).
-fn proc_entries() -> Vec<AlgEntry> {
+pub(crate) fn proc_entries() -> Vec<AlgEntry> {
     proc_crypto::read(Path::new(proc_crypto::PROC_CRYPTO)).unwrap_or_default()
 }
 

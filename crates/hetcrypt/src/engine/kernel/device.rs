@@ -28,7 +28,7 @@ const SYS_DEVICES: &str = "/sys/devices";
 /// its parents, e.g. `.../0000:00:02.0/virtio0/driver` and `.../0000:00:02.0/driver`).
 /// All must exist while the device can take requests.
 #[derive(Clone, Debug, Default)]
-pub(super) struct DeviceWatch {
+pub(crate) struct DeviceWatch {
     links: Vec<PathBuf>,
 }
 
@@ -36,7 +36,7 @@ impl DeviceWatch {
     /// Watches every device bound to a driver of kernel module `module` (for
     /// `virtio_crypto`: `/sys/module/virtio_crypto/drivers/virtio:virtio_crypto/virtio0`).
     /// Empty if sysfs shows none (then nothing is checked).
-    pub fn for_module(module: &str) -> Self {
+    pub(crate) fn for_module(module: &str) -> Self {
         let mut links = Vec::new();
         let drivers = Path::new(SYS_MODULE).join(module).join("drivers");
         for driver in std::fs::read_dir(drivers).into_iter().flatten().flatten() {
@@ -68,18 +68,25 @@ impl DeviceWatch {
 
     /// `Ok` while every watched device is still bound; the engine's failure (and no
     /// request) once one is going.
-    pub fn check(&self) -> Result<(), Failure> {
-        match self
-            .links
+    pub(super) fn check(&self) -> Result<(), Failure> {
+        match self.gone() {
+            None => Ok(()),
+            Some(why) => Err(Failure::Engine(why)),
+        }
+    }
+
+    /// `None` while every watched device is still bound; once one is going, why (in
+    /// words), so that the caller issues no request.
+    pub(crate) fn gone(&self) -> Option<String> {
+        self.links
             .iter()
             .find(|l| std::fs::symlink_metadata(l).is_err())
-        {
-            None => Ok(()),
-            Some(gone) => Err(Failure::Engine(format!(
-                "device going away ({} vanished), no request issued",
-                gone.display()
-            ))),
-        }
+            .map(|gone| {
+                format!(
+                    "device going away ({} vanished), no request issued",
+                    gone.display()
+                )
+            })
     }
 }
 
@@ -87,7 +94,7 @@ impl DeviceWatch {
 /// they are never closed (closing a transform of a vanished virtio-crypto device hangs
 /// the closing thread forever). Our copies are then closed: the sockets live on in the
 /// child. If no child can be made, our copies are leaked instead.
-pub(super) fn park(fds: Vec<OwnedFd>) {
+pub(crate) fn park(fds: Vec<OwnedFd>) {
     if fds.is_empty() {
         return;
     }
