@@ -61,10 +61,14 @@ const DEFAULT_LANES: usize = 1;
 
 /// Most bytes of one `CIOCCRYPT` request: larger jobs are cut into such requests, each
 /// given the IV/counter the previous one ends with. cryptodev pins the user pages of a
-/// request and hands the driver one scatterlist entry per page; 256 KiB in place is 64
-/// (+1) entries, far below a virtqueue's 1,024 descriptors, while large enough that
-/// the per-request cost is spread thin.
-const REQUEST_MAX: usize = 256 * 1024;
+/// request and hands the driver one scatterlist entry per page, and the 6.1
+/// virtio-crypto driver passes each entry to `virtqueue_add_sgs` as a list of its own
+/// that runs to the end, so n pages become n(n+1)/2 descriptors per direction. QEMU
+/// refuses a request of more than 1,024 and then stops the device for good (seen in the
+/// testbed at 256 KiB: "virtio: too many write descriptors in indirect table", the
+/// request never completes). 64 KiB spans at most 17 pages: 2 x 153 descriptors, the
+/// size AF_ALG's 16-page requests have been proven at.
+const REQUEST_MAX: usize = 64 * 1024;
 
 /// Sessions a lane keeps (one per key and cipher), least recently used ended first:
 /// QEMU's built-in virtio-crypto backend holds at most 256 sessions in all.
