@@ -435,6 +435,10 @@ impl DevcryptoLane {
             s.last_used = now;
             return Ok(s.id);
         }
+        // Creating a session is a device request too: look before it as well.
+        if let Some(why) = served.watch.gone() {
+            return Err(Failure::Engine(why));
+        }
         let cipher = job.cipher;
         let id = keys
             .with_key(job.key, |key| {
@@ -481,13 +485,9 @@ impl Lane for DevcryptoLane {
         })?;
         out.data.clear();
         out.tag = None;
-        // Creating a session is a device request too: look before it as well.
-        let result = match served.watch.gone() {
-            Some(why) => Err(Failure::Engine(why)),
-            None => self
-                .session(job, served, keys)
-                .and_then(|ses| run_cipher(self.dev(), ses, job, out, &served.watch)),
-        };
+        let result = self
+            .session(job, served, keys)
+            .and_then(|ses| run_cipher(self.dev(), ses, job, out, &served.watch));
         match result {
             Ok(()) => Ok(()),
             Err(Failure::Job(e)) => {

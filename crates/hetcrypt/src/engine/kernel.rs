@@ -499,6 +499,8 @@ impl KernelLane {
         self.clock += 1;
         let now = self.clock;
         if !self.contexts.contains_key(&cache_key) {
+            // Keying a transform is a device request too: look before it as well.
+            served.watch.check()?;
             let cipher = job.cipher;
             let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
                 Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
@@ -567,12 +569,7 @@ impl Lane for KernelLane {
         out.data.clear();
         out.tag = None;
         let mut scratch = std::mem::take(&mut self.aad_scratch);
-        // Keying a transform is a device request too: look before it as well.
-        let result = match served
-            .watch
-            .check()
-            .and_then(|()| self.context(job, served, keys))
-        {
+        let result = match self.context(job, served, keys) {
             Ok(ctx) => match served.ty {
                 AlgType::Skcipher => run_skcipher(ctx, job, out, &served.watch),
                 AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name, &served.watch),

@@ -10,12 +10,19 @@
 //!
 //! So the engine (1) looks, before every request, whether the device is still bound to
 //! its driver: the kernel removes the device's `driver` link in sysfs before it calls
-//! the driver's remove function, so a vanished link means "stop now"; and (2) once
+//! the driver's remove function, so a vanished link means "stop now" (the look is an
+//! `fstatat` of `driver` relative to a descriptor of the device's sysfs directory held
+//! open: one path component, not the six of the full path, which cost ~33 µs per
+//! `lstat` in the TCG guest, a sixth of a 16-byte request); and (2) once
 //! the engine has failed, hands its sockets to a child process that keeps them open and
 //! sleeps, so this process can still exit.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::{open, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
 
 use super::Failure;
 
@@ -29,7 +36,17 @@ const SYS_DEVICES: &str = "/sys/devices";
 /// All must exist while the device can take requests.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DeviceWatch {
-    links: Vec<PathBuf>,
+    links: Arc<Vec<Watched>>,
+}
+
+/// The name of a device's link to its driver in its sysfs directory.
+const DRIVER_LINK: &str = "driver";
+
+/// One watched link: its device directory, held open, and the path (for messages).
+#[derive(Debug)]
+struct Watched {
+    dir: OwnedFd,
+    link: PathBuf,
 }
 
 impl DeviceWatch {
@@ -55,15 +72,21 @@ impl DeviceWatch {
                 };
                 let mut cur = Some(device.as_path());
                 while let Some(dir) = cur.filter(|d| d.starts_with(SYS_DEVICES)) {
-                    let link = dir.join("driver");
-                    if std::fs::symlink_metadata(&link).is_ok() && !links.contains(&link) {
-                        links.push(link);
+                    let link = dir.join(DRIVER_LINK);
+                    let known = links.iter().any(|w: &Watched| w.link == link);
+                    if !known && std::fs::symlink_metadata(&link).is_ok() {
+                        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+                        if let Ok(fd) = open(dir, flags, Mode::empty()) {
+                            links.push(Watched { dir: fd, link });
+                        }
                     }
                     cur = dir.parent();
                 }
             }
         }
-        DeviceWatch { links }
+        DeviceWatch {
+            links: Arc::new(links),
+        }
     }
 
     /// `Ok` while every watched device is still bound; the engine's failure (and no
@@ -80,11 +103,11 @@ impl DeviceWatch {
     pub(crate) fn gone(&self) -> Option<String> {
         self.links
             .iter()
-            .find(|l| std::fs::symlink_metadata(l).is_err())
+            .find(|w| fstatat(&w.dir, DRIVER_LINK, AtFlags::AT_SYMLINK_NOFOLLOW).is_err())
             .map(|gone| {
                 format!(
                     "device going away ({} vanished), no request issued",
-                    gone.display()
+                    gone.link.display()
                 )
             })
     }
