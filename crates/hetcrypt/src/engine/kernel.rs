@@ -705,7 +705,9 @@ fn run_skcipher(
     };
     let input = SkInput { body, tail };
     let total = input.len();
-    out.data.resize(total, 0);
+    // Reserved, not zeroed: each read fills its range (see `OpSocket::recv_into`).
+    out.data.clear();
+    out.data.reserve(total);
     let mut iv: [u8; BLOCK_LEN] = job
         .iv()
         .try_into()
@@ -725,9 +727,13 @@ fn run_skcipher(
         ctx.op
             .send(op, &iv, None, &input.slices(pos, n))
             .map_err(engine_failure)?;
+        debug_assert_eq!(out.data.len(), pos);
         ctx.op
-            .recv_exact(&mut [IoSliceMut::new(&mut out.data[pos..pos + n])])
+            .recv_into(&mut out.data.spare_capacity_mut()[..n])
             .map_err(engine_failure)?;
+        // SAFETY: `total` bytes were reserved above, and the read just filled all `n`
+        // bytes after the `pos` initialised ones.
+        unsafe { out.data.set_len(pos + n) };
         pos += n;
         if pos < total {
             iv = match (mode, job.direction) {

@@ -11,6 +11,7 @@
 //! them, and user space needs only these four ioctls.
 
 use std::ffi::{c_char, CStr};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::errno::Errno;
@@ -181,12 +182,51 @@ impl DevCrypto {
     /// Runs one request of session `ses` on `data` in place, starting from `iv`
     /// (which the kernel reads and, without `COP_FLAG_WRITE_IV`, does not write).
     /// `data` must be whole blocks for CBC; the call blocks until the driver is done.
-    pub fn crypt(
+    pub fn crypt_in_place(
         &self,
         ses: u32,
         op: Op,
         iv: &[u8; BLOCK_LEN],
         data: &mut [u8],
+    ) -> Result<(), SysError> {
+        let len = data.len();
+        let ptr = data.as_mut_ptr();
+        self.crypt_raw(ses, op, iv, ptr, ptr, len)
+    }
+
+    /// Runs one request of session `ses` from `src` into `dst` (of the same length),
+    /// starting from `iv`. `dst` may be uninitialised: on success the driver has
+    /// written all of it (a cipher request writes its whole output). The data never
+    /// passes through this CPU: cryptodev pins both buffers for the driver.
+    pub fn crypt(
+        &self,
+        ses: u32,
+        op: Op,
+        iv: &[u8; BLOCK_LEN],
+        src: &[u8],
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<(), SysError> {
+        assert_eq!(src.len(), dst.len(), "a request's input and output lengths");
+        self.crypt_raw(
+            ses,
+            op,
+            iv,
+            src.as_ptr(),
+            dst.as_mut_ptr().cast(),
+            src.len(),
+        )
+    }
+
+    /// `CIOCCRYPT` of `len` bytes from `src` to `dst` (the same address for in place).
+    /// Callers pass pointers to `len` live bytes, `dst` exclusively theirs.
+    fn crypt_raw(
+        &self,
+        ses: u32,
+        op: Op,
+        iv: &[u8; BLOCK_LEN],
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
     ) -> Result<(), SysError> {
         let mut iv = *iv;
         let mut cop = CryptOp {
@@ -196,17 +236,18 @@ impl DevCrypto {
                 Op::Decrypt => COP_DECRYPT,
             },
             flags: 0,
-            len: u32::try_from(data.len()).map_err(|_| at("CIOCCRYPT")(Errno::EINVAL))?,
-            src: data.as_ptr(),
-            dst: data.as_mut_ptr(),
+            len: u32::try_from(len).map_err(|_| at("CIOCCRYPT")(Errno::EINVAL))?,
+            src,
+            dst,
             mac: std::ptr::null_mut(),
             iv: iv.as_mut_ptr(),
         };
-        // SAFETY: `cop` is a valid `struct crypt_op`: `src` and `dst` both point to the
-        // `len` bytes of the live, exclusively borrowed `data` (in place, which
-        // cryptodev supports), `iv` to 16 bytes the session's ivsize (16 for AES) never
-        // exceeds, `mac` is null (no hash in these sessions). The ioctl returns only
-        // when the request is complete, so no pointer outlives the call.
+        // SAFETY: `cop` is a valid `struct crypt_op`: `src` and `dst` point to `len`
+        // live bytes each (the callers above take them from slices of that length, `dst`
+        // exclusively borrowed; the same buffer for in place, which cryptodev supports),
+        // `iv` to 16 bytes the session's ivsize (16 for AES) never exceeds, `mac` is null
+        // (no hash in these sessions). The ioctl returns only when the request is
+        // complete, so no pointer outlives the call.
         unsafe { cioccrypt(self.fd.as_raw_fd(), &mut cop) }.map_err(at("CIOCCRYPT"))?;
         Ok(())
     }
