@@ -3,7 +3,8 @@
 //! The route of the seeds (OpenSSL ENGINE `cryptodev` over OCF), and the one that stays
 //! where a kernel no longer offers off-CPU drivers through AF_ALG. A lane opens its own
 //! `/dev/crypto` and keeps one cryptodev session per key and cipher; one `CIOCCRYPT`
-//! request is in flight per lane, run in place on the job's output buffer.
+//! request is in flight per lane, from the job's input straight into its output (the
+//! data never passes through this CPU; cryptodev pins both buffers for the driver).
 //!
 //! `devcrypto` serves AES-CBC (raw and PKCS#7, the padding added in user space) and
 //! AES-CTR, with whatever driver the kernel ranks first for `cbc(aes)` and `ctr(aes)`:
