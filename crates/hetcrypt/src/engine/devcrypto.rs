@@ -145,7 +145,7 @@ impl State {
 
     /// Whether a device under any served cipher is going (its sysfs link vanished).
     fn device_gone(&self) -> bool {
-        self.served.iter().any(|s| s.watch.gone().is_some())
+        self.served.iter().any(|s| s.watch.gone_all().is_some())
     }
 }
 
@@ -437,7 +437,7 @@ impl DevcryptoLane {
             return Ok(s.id);
         }
         // Creating a session is a device request too: look before it as well.
-        if let Some(why) = served.watch.gone() {
+        if let Some(why) = served.watch.gone_all() {
             return Err(Failure::Engine(why));
         }
         let cipher = job.cipher;

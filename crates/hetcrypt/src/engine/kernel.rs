@@ -500,7 +500,7 @@ impl KernelLane {
         let now = self.clock;
         if !self.contexts.contains_key(&cache_key) {
             // Keying a transform is a device request too: look before it as well.
-            served.watch.check()?;
+            served.watch.check_all()?;
             let cipher = job.cipher;
             let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
                 Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
