@@ -201,3 +201,48 @@ fn close_all_but(keep: &[RawFd]) {
     }
     close_range(next, RawFd::MAX);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device directory with a `driver` link, as sysfs has it, under a fresh
+    /// temporary directory; returns the watched entry.
+    fn watched(root: &Path, name: &str, own: bool) -> Watched {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::os::unix::fs::symlink("../drivers/x", dir.join(DRIVER_LINK)).expect("symlink");
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        Watched {
+            dir: open(&dir, flags, Mode::empty()).expect("open dir"),
+            link: dir.join(DRIVER_LINK),
+            own,
+        }
+    }
+
+    #[test]
+    fn requests_look_at_the_drivers_own_device_and_keying_at_its_parents_too() {
+        let root = std::env::temp_dir().join(format!("hetcrypt-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let watch = DeviceWatch {
+            links: Arc::new(vec![
+                watched(&root, "pci/virtio0", true),
+                watched(&root, "pci", false),
+            ]),
+        };
+        assert_eq!((watch.gone(), watch.gone_all()), (None, None));
+        // The parent unbound first (a PCI hot-unplug): keying stops, requests go on
+        // until the driver's own device goes too.
+        std::fs::remove_file(root.join("pci/driver")).expect("unlink");
+        assert_eq!(watch.gone(), None);
+        let why = watch.gone_all().expect("the parent's link is gone");
+        assert!(why.contains("pci/driver vanished"), "{why}");
+        std::fs::remove_file(root.join("pci/virtio0/driver")).expect("unlink");
+        let why = watch.gone().expect("the device's own link is gone");
+        assert!(why.contains("virtio0/driver vanished"), "{why}");
+        assert!(watch.check().is_err() && watch.check_all().is_err());
+        // Nothing watched (no offload device): never gone.
+        assert_eq!(DeviceWatch::default().gone_all(), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
