@@ -174,7 +174,7 @@ pub fn open_engine(name: &str, opts: EngineOpts) -> anyhow::Result<EngineRef> {
     match engine::by_name(name, opts.lanes) {
         Ok(e) => Ok(e),
         Err(Error::UnknownName { .. }) => {
-            bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>)")
+            bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>, devcrypto, devcrypto:<driver>)")
         }
         Err(Error::EngineUnavailable { engine, reason }) => {
             bail!("engine {engine} is unavailable on this machine: {reason}")

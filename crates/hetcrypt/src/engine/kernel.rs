@@ -17,12 +17,13 @@
 //! touching the kernel again, because a second request on a socket whose device is
 //! gone crashed the Debian 6.1 kernel in our testbed (DESIGN.md section 3).
 
-mod afalg;
-mod device;
+pub(crate) mod afalg;
+pub(crate) mod device;
 pub(crate) mod proc_crypto;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -231,7 +232,7 @@ impl KernelEngine {
 
 /// Reads `/proc/crypto`, or nothing if it cannot be read (the driver columns then
 /// stay empty; binding still tells what works).
-fn proc_entries() -> Vec<AlgEntry> {
+pub(crate) fn proc_entries() -> Vec<AlgEntry> {
     proc_crypto::read(Path::new(proc_crypto::PROC_CRYPTO)).unwrap_or_default()
 }
 
@@ -500,6 +501,8 @@ impl KernelLane {
         self.clock += 1;
         let now = self.clock;
         if !self.contexts.contains_key(&cache_key) {
+            // Keying a transform is a device request too: look before it as well.
+            served.watch.check_all()?;
             let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
                 Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
             })?;
@@ -567,12 +570,7 @@ impl Lane for KernelLane {
         out.data.clear();
         out.tag = None;
         let mut scratch = std::mem::take(&mut self.aad_scratch);
-        // Keying a transform is a device request too: look before it as well.
-        let result = match served
-            .watch
-            .check()
-            .and_then(|()| self.context(job.key, job.cipher, served, keys))
-        {
+        let result = match self.context(job.key, job.cipher, served, keys) {
             Ok(ctx) => match served.ty {
                 AlgType::Skcipher => run_skcipher(ctx, job, out, &served.watch),
                 AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name, &served.watch),
@@ -609,21 +607,21 @@ impl Lane for KernelLane {
             body: job.input,
             tail: None,
         };
-        let result = served
-            .watch
-            .check()
-            .and_then(|()| self.context(job.key, cipher, served, keys))
-            .and_then(|ctx| {
-                skcipher_requests(
-                    ctx,
-                    cipher.mode,
-                    job.direction,
-                    job.iv,
-                    &input,
-                    out,
-                    &served.watch,
-                )
-            });
+        // The device is checked before keying (in `context`) and before each request.
+        // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and the requests only ever write
+        // initialised bytes into it.
+        let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
+        let result = self.context(job.key, cipher, served, keys).and_then(|ctx| {
+            skcipher_requests(
+                ctx,
+                cipher.mode,
+                job.direction,
+                job.iv,
+                &input,
+                out,
+                &served.watch,
+            )
+        });
         settle(&state, served, result)
     }
 
@@ -727,12 +725,24 @@ fn run_skcipher(
     };
     let input = SkInput { body, tail };
     let total = input.len();
-    out.data.resize(total, 0);
+    // Reserved, not zeroed: each read fills its range (see `OpSocket::recv_into`).
+    out.data.clear();
+    out.data.reserve(total);
     let iv: [u8; BLOCK_LEN] = job
         .iv()
         .try_into()
         .expect("validate() checked a 16-byte IV");
-    skcipher_requests(ctx, mode, job.direction, iv, &input, &mut out.data, watch)?;
+    skcipher_requests(
+        ctx,
+        mode,
+        job.direction,
+        iv,
+        &input,
+        &mut out.data.spare_capacity_mut()[..total],
+        watch,
+    )?;
+    // SAFETY: `total` bytes were reserved above, and the requests wrote all of them.
+    unsafe { out.data.set_len(total) };
     if mode == Mode::CbcPkcs7 && job.direction == Direction::Decrypt {
         let last = total - BLOCK_LEN; // validate(): at least one block
         let kept = Pkcs7::raw_unpad(&out.data[last..])
@@ -764,14 +774,15 @@ fn settle(state: &State, served: &Served, result: std::result::Result<(), Failur
 
 /// The requests of one CBC or CTR job: `input` (as many bytes as `out`) in requests
 /// of at most [`SKCIPHER_REQUEST_MAX`] bytes, each given the IV that continues the
-/// previous one, the output read straight into `out`.
+/// previous one, the output read straight into `out`, which may be uninitialised: on
+/// success every byte of it has been written.
 fn skcipher_requests(
     ctx: &mut Context,
     mode: Mode,
     direction: Direction,
     mut iv: [u8; BLOCK_LEN],
     input: &SkInput<'_>,
-    out: &mut [u8],
+    out: &mut [MaybeUninit<u8>],
     watch: &DeviceWatch,
 ) -> std::result::Result<(), Failure> {
     let total = input.len();
@@ -795,7 +806,7 @@ fn skcipher_requests(
             .send(op, &iv, None, &input.slices(pos, n))
             .map_err(engine_failure)?;
         ctx.op
-            .recv_exact(&mut [IoSliceMut::new(&mut out[pos..pos + n])])
+            .recv_into(&mut out[pos..pos + n])
             .map_err(engine_failure)?;
         pos += n;
         if pos < total {
@@ -804,9 +815,10 @@ fn skcipher_requests(
                     let blocks = (n / BLOCK_LEN) as u128;
                     u128::from_be_bytes(iv).wrapping_add(blocks).to_be_bytes()
                 }
-                (_, Direction::Encrypt) => out[pos - BLOCK_LEN..pos]
-                    .try_into()
-                    .expect("a 16-byte range"),
+                // SAFETY: the read just above wrote these bytes.
+                (_, Direction::Encrypt) => {
+                    std::array::from_fn(|i| unsafe { out[pos - BLOCK_LEN + i].assume_init() })
+                }
                 (_, Direction::Decrypt) => input.block_before(pos),
             };
         }

@@ -4,6 +4,7 @@
 //! hold one job (or one multi-buffer batch) in flight, driven by one dispatcher thread.
 
 pub mod cpu;
+pub mod devcrypto;
 pub mod fault;
 pub mod kernel;
 
@@ -24,6 +25,9 @@ pub enum EngineKind {
     Cpu,
     /// The Linux kernel crypto API (AF_ALG), reaching whatever driver serves the cipher.
     Kernel,
+    /// The Linux kernel crypto API through cryptodev-linux's `/dev/crypto` (the seeds'
+    /// OCF interface).
+    Devcrypto,
     /// A test wrapper that injects faults into another engine.
     FaultInjection,
 }
@@ -117,8 +121,9 @@ pub trait Engine: Send + Sync {
 pub type EngineRef = Arc<dyn Engine>;
 
 /// Builds an engine from its CLI name: `cpu`, `kernel` (generic algorithm names, the
-/// kernel picks the driver) or `kernel:<driver>` (one named driver). `lanes` overrides
-/// the engine's default lane count.
+/// kernel picks the driver), `kernel:<driver>` (one named driver), `devcrypto` (the
+/// same through `/dev/crypto`) or `devcrypto:<driver>`. `lanes` overrides the engine's
+/// default lane count.
 pub fn by_name(name: &str, lanes: Option<usize>) -> Result<EngineRef> {
     if name == "cpu" {
         let engine = match lanes {
@@ -126,6 +131,18 @@ pub fn by_name(name: &str, lanes: Option<usize>) -> Result<EngineRef> {
             None => cpu::CpuEngine::new(),
         };
         return Ok(engine.into_engine());
+    }
+    if name.starts_with("devcrypto") {
+        let engine = match devcrypto::DevcryptoName::parse(name) {
+            Some(devcrypto::DevcryptoName::Any) => devcrypto::DevcryptoEngine::open(),
+            Some(devcrypto::DevcryptoName::Driver(d)) => devcrypto::DevcryptoEngine::with_driver(d),
+            None => return Err(unknown_engine(name)),
+        }?;
+        return Ok(match lanes {
+            Some(n) => engine.with_lanes(n),
+            None => engine,
+        }
+        .into_engine());
     }
     let kernel = match name.strip_prefix("kernel") {
         Some("") => kernel::KernelEngine::open(),
@@ -150,16 +167,19 @@ fn unknown_engine(name: &str) -> crate::Error {
 }
 
 /// Every engine this machine could have, each either ready or with the reason it is
-/// unavailable (e.g. "kernel: AF_ALG not supported by this kernel"): `cpu`, `kernel`
-/// (the kernel's preferred driver per cipher) and one `kernel:<driver>` per offload
-/// device driver listed in `/proc/crypto`.
+/// unavailable (e.g. "kernel: AF_ALG not supported by this kernel", "devcrypto: no
+/// /dev/crypto: the cryptodev module is not loaded"): `cpu`, `kernel` (the kernel's
+/// preferred driver per cipher), one `kernel:<driver>` per offload device driver listed
+/// in `/proc/crypto`, `devcrypto`, and where `/dev/crypto` exists one
+/// `devcrypto:<driver>` per such driver too.
 pub fn discover() -> Vec<Result<EngineRef>> {
+    let offload = kernel::offload_drivers();
     let mut names = vec!["cpu".to_string(), "kernel".to_string()];
-    names.extend(
-        kernel::offload_drivers()
-            .into_iter()
-            .map(|d| format!("kernel:{d}")),
-    );
+    names.extend(offload.iter().map(|d| format!("kernel:{d}")));
+    names.push("devcrypto".to_string());
+    if std::path::Path::new(devcrypto::DEV_CRYPTO).exists() {
+        names.extend(offload.iter().map(|d| format!("devcrypto:{d}")));
+    }
     names.iter().map(|name| by_name(name, None)).collect()
 }
 

@@ -8,6 +8,7 @@
 //! through `nix`; what a request means (chunking, padding, chaining) is the engine's.
 
 use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
@@ -190,6 +191,37 @@ impl OpSocket {
                 Ok(n) => IoSliceMut::advance_slices(&mut out, n),
                 Err(Errno::EINTR) => {}
                 Err(e) => return Err(at("read")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the request's output into `out`, which may be uninitialised, until it is
+    /// full: on success every byte of it has been written. (Zeroing an output buffer
+    /// first costs, in an emulated guest, a good part of a small request.) A read cut
+    /// short by a signal is resumed.
+    pub fn recv_into(&self, out: &mut [MaybeUninit<u8>]) -> Result<(), SysError> {
+        let mut done = 0;
+        while done < out.len() {
+            let rest = &mut out[done..];
+            // SAFETY: read(2) writes at most `rest.len()` bytes to `rest`, memory this
+            // function borrows exclusively; writing to uninitialised bytes is what
+            // `MaybeUninit` allows.
+            let n = unsafe {
+                nix::libc::read(self.fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len())
+            };
+            match n {
+                0 => {
+                    return Err(SysError {
+                        call: "read (no output)",
+                        errno: Errno::EIO,
+                    })
+                }
+                n if n > 0 => done += n.unsigned_abs(),
+                _ => match Errno::last() {
+                    Errno::EINTR => {}
+                    e => return Err(at("read")(e)),
+                },
             }
         }
         Ok(())

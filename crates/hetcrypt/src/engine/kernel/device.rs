@@ -10,12 +10,24 @@
 //!
 //! So the engine (1) looks, before every request, whether the device is still bound to
 //! its driver: the kernel removes the device's `driver` link in sysfs before it calls
-//! the driver's remove function, so a vanished link means "stop now"; and (2) once
+//! the driver's remove function (`driver_sysfs_remove` comes before `device_remove` in
+//! `__device_release_driver`), so a vanished link means "stop now". Whatever removes
+//! the device (a hot-unplug of its PCI parent, or an unbind of the crypto driver alone),
+//! the crypto driver's own device (`virtio0`) loses its link before that driver's remove
+//! function runs, so that link is the one looked at per request; the parents' links
+//! (`0000:00:02.0`) are looked at too before keying. The look is an `fstatat` of
+//! `driver` relative to a descriptor of the device's sysfs directory held open: one
+//! path component, not the six of the full path (an `lstat` of that cost 21-34 µs in
+//! the TCG guest, against 7.6 µs, on requests of 70-150 µs); and (2) once
 //! the engine has failed, hands its sockets to a child process that keeps them open and
 //! sleeps, so this process can still exit.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::{open, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
 
 use super::Failure;
 
@@ -28,15 +40,28 @@ const SYS_DEVICES: &str = "/sys/devices";
 /// its parents, e.g. `.../0000:00:02.0/virtio0/driver` and `.../0000:00:02.0/driver`).
 /// All must exist while the device can take requests.
 #[derive(Clone, Debug, Default)]
-pub(super) struct DeviceWatch {
-    links: Vec<PathBuf>,
+pub(crate) struct DeviceWatch {
+    links: Arc<Vec<Watched>>,
+}
+
+/// The name of a device's link to its driver in its sysfs directory.
+const DRIVER_LINK: &str = "driver";
+
+/// One watched link: its device directory, held open, and the path (for messages).
+#[derive(Debug)]
+struct Watched {
+    dir: OwnedFd,
+    link: PathBuf,
+    /// Whether this is a device bound to the module's own driver (looked at before
+    /// every request), not one of its parents (looked at before keying).
+    own: bool,
 }
 
 impl DeviceWatch {
     /// Watches every device bound to a driver of kernel module `module` (for
     /// `virtio_crypto`: `/sys/module/virtio_crypto/drivers/virtio:virtio_crypto/virtio0`).
     /// Empty if sysfs shows none (then nothing is checked).
-    pub fn for_module(module: &str) -> Self {
+    pub(crate) fn for_module(module: &str) -> Self {
         let mut links = Vec::new();
         let drivers = Path::new(SYS_MODULE).join(module).join("drivers");
         for driver in std::fs::read_dir(drivers).into_iter().flatten().flatten() {
@@ -54,32 +79,67 @@ impl DeviceWatch {
                     continue;
                 };
                 let mut cur = Some(device.as_path());
+                let mut own = true;
                 while let Some(dir) = cur.filter(|d| d.starts_with(SYS_DEVICES)) {
-                    let link = dir.join("driver");
-                    if std::fs::symlink_metadata(&link).is_ok() && !links.contains(&link) {
-                        links.push(link);
+                    let link = dir.join(DRIVER_LINK);
+                    let known = links.iter().any(|w: &Watched| w.link == link);
+                    if !known && std::fs::symlink_metadata(&link).is_ok() {
+                        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+                        if let Ok(fd) = open(dir, flags, Mode::empty()) {
+                            links.push(Watched { dir: fd, link, own });
+                        }
                     }
+                    own = false;
                     cur = dir.parent();
                 }
             }
         }
-        DeviceWatch { links }
+        DeviceWatch {
+            links: Arc::new(links),
+        }
     }
 
-    /// `Ok` while every watched device is still bound; the engine's failure (and no
-    /// request) once one is going.
-    pub fn check(&self) -> Result<(), Failure> {
-        match self
-            .links
-            .iter()
-            .find(|l| std::fs::symlink_metadata(l).is_err())
-        {
+    /// Before a request: `Ok` while the driver's own devices are still bound; the
+    /// engine's failure (and no request) once one is going.
+    pub(super) fn check(&self) -> Result<(), Failure> {
+        match self.gone() {
             None => Ok(()),
-            Some(gone) => Err(Failure::Engine(format!(
-                "device going away ({} vanished), no request issued",
-                gone.display()
-            ))),
+            Some(why) => Err(Failure::Engine(why)),
         }
+    }
+
+    /// Before keying: as [`DeviceWatch::check`], the parents' links included.
+    pub(super) fn check_all(&self) -> Result<(), Failure> {
+        match self.gone_all() {
+            None => Ok(()),
+            Some(why) => Err(Failure::Engine(why)),
+        }
+    }
+
+    /// Before a request: `None` while every device bound to the driver still is; once
+    /// one is going, why (in words), so that the caller issues no request.
+    pub(crate) fn gone(&self) -> Option<String> {
+        self.first_gone(true)
+    }
+
+    /// Before keying: as [`DeviceWatch::gone`], the parents' links included.
+    pub(crate) fn gone_all(&self) -> Option<String> {
+        self.first_gone(false)
+    }
+
+    /// The first watched link (only the driver's own devices' if `own_only`) that has
+    /// vanished, in words.
+    fn first_gone(&self, own_only: bool) -> Option<String> {
+        self.links
+            .iter()
+            .filter(|w| w.own || !own_only)
+            .find(|w| fstatat(&w.dir, DRIVER_LINK, AtFlags::AT_SYMLINK_NOFOLLOW).is_err())
+            .map(|gone| {
+                format!(
+                    "device going away ({} vanished), no request issued",
+                    gone.link.display()
+                )
+            })
     }
 }
 
@@ -87,7 +147,7 @@ impl DeviceWatch {
 /// they are never closed (closing a transform of a vanished virtio-crypto device hangs
 /// the closing thread forever). Our copies are then closed: the sockets live on in the
 /// child. If no child can be made, our copies are leaked instead.
-pub(super) fn park(fds: Vec<OwnedFd>) {
+pub(crate) fn park(fds: Vec<OwnedFd>) {
     if fds.is_empty() {
         return;
     }
@@ -140,4 +200,49 @@ fn close_all_but(keep: &[RawFd]) {
         next = fd + 1;
     }
     close_range(next, RawFd::MAX);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device directory with a `driver` link, as sysfs has it, under a fresh
+    /// temporary directory; returns the watched entry.
+    fn watched(root: &Path, name: &str, own: bool) -> Watched {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::os::unix::fs::symlink("../drivers/x", dir.join(DRIVER_LINK)).expect("symlink");
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        Watched {
+            dir: open(&dir, flags, Mode::empty()).expect("open dir"),
+            link: dir.join(DRIVER_LINK),
+            own,
+        }
+    }
+
+    #[test]
+    fn requests_look_at_the_drivers_own_device_and_keying_at_its_parents_too() {
+        let root = std::env::temp_dir().join(format!("hetcrypt-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let watch = DeviceWatch {
+            links: Arc::new(vec![
+                watched(&root, "pci/virtio0", true),
+                watched(&root, "pci", false),
+            ]),
+        };
+        assert_eq!((watch.gone(), watch.gone_all()), (None, None));
+        // The parent unbound first (a PCI hot-unplug): keying stops, requests go on
+        // until the driver's own device goes too.
+        std::fs::remove_file(root.join("pci/driver")).expect("unlink");
+        assert_eq!(watch.gone(), None);
+        let why = watch.gone_all().expect("the parent's link is gone");
+        assert!(why.contains("pci/driver vanished"), "{why}");
+        std::fs::remove_file(root.join("pci/virtio0/driver")).expect("unlink");
+        let why = watch.gone().expect("the device's own link is gone");
+        assert!(why.contains("virtio0/driver vanished"), "{why}");
+        assert!(watch.check().is_err() && watch.check_all().is_err());
+        // Nothing watched (no offload device): never gone.
+        assert_eq!(DeviceWatch::default().gone_all(), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

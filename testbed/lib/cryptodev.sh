@@ -1,0 +1,80 @@
+# testbed/lib/cryptodev.sh: builds cryptodev.ko (cryptodev-linux, /dev/crypto) for the
+# guest kernel, and caches it.  Sourced by testbed/run; needs its KDIR, KVER, CACHE,
+# REPO, log, die, apt_install, apt_update_once.
+#
+# Source: the tarball in ../shared/third_party/ beside the repository (its README has
+# the recipe this follows, verified on Debian 12's 6.1 kernel).  Kernel headers must
+# match the guest's kernel: the Debian package version is read from the banner of the
+# cached kernel image, and linux-headers-$KVER, linux-headers-<abi>-common and
+# linux-kbuild-<major.minor> of exactly that version are fetched with apt-get download.
+# The module is cached under $CACHE/cryptodev/<KVER>_<version>_<tarball sha256>/, so
+# the headers are fetched and the module built once per kernel and tarball.
+#
+# Sets CRYPTODEV_KO (the module file) and CRYPTODEV_DESC (one line for the header).
+
+CRYPTODEV_TARBALL_NAME=cryptodev-linux-08644db02d43.tar.gz
+CRYPTODEV_KO=
+CRYPTODEV_DESC=
+
+cryptodev_tarball() {
+	local t
+	for t in "${HETCRYPT_CRYPTODEV_TARBALL:-}" "$REPO/../shared/third_party/$CRYPTODEV_TARBALL_NAME"; do
+		[ -n "$t" ] && [ -f "$t" ] && { echo "$t"; return 0; }
+	done
+	return 1
+}
+
+ensure_cryptodev() {
+	local tarball sum kver_deb key dir tmp src hdr major
+	tarball=$(cryptodev_tarball) || die "cryptodev-linux source not found: expected $(cd "$REPO/.." && pwd)/shared/third_party/$CRYPTODEV_TARBALL_NAME (the shared/ folder beside the repository; see shared/third_party/README.md), or set HETCRYPT_CRYPTODEV_TARBALL; --no-cryptodev boots without /dev/crypto"
+	sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+	# The Debian version of the cached kernel (e.g. 6.1.192-2), from the version string
+	# bzImage keeps uncompressed in its setup header.
+	kver_deb=$(grep -a -m1 -o 'SMP [A-Z_ ]*Debian [0-9][0-9a-z.+~-]*' "$VMLINUZ" | awk '{print $NF}') || true
+	[ -n "$kver_deb" ] || die "cannot read the Debian version of $VMLINUZ (needed to fetch matching headers)"
+	key=${KVER}_${kver_deb}_${sum:0:16}
+	dir=$CACHE/cryptodev/$key
+	CRYPTODEV_KO=$dir/cryptodev.ko
+	CRYPTODEV_DESC="cryptodev.ko (cryptodev-linux ${CRYPTODEV_TARBALL_NAME#cryptodev-linux-}, built for $KVER, Debian $kver_deb)"
+	CRYPTODEV_DESC=${CRYPTODEV_DESC/.tar.gz/}
+	[ -f "$dir/ok" ] && [ -f "$CRYPTODEV_KO" ] && return 0
+
+	command -v make >/dev/null || apt_install make
+	command -v gcc-12 >/dev/null || command -v gcc >/dev/null || apt_install gcc
+	mkdir -p "$CACHE/cryptodev"
+	tmp=$(mktemp -d "$CACHE/cryptodev/.build.XXXXXX")
+	log "building $CRYPTODEV_DESC"
+	major=$(echo "$KVER" | cut -d. -f1,2)
+	local pkgs=("linux-headers-$KVER=$kver_deb" "linux-headers-${KVER%-*}-common=$kver_deb" "linux-kbuild-$major=$kver_deb")
+	if ! (cd "$tmp" && apt-get download -o APT::Sandbox::User=root "${pkgs[@]}" >&2); then
+		apt_update_once
+		(cd "$tmp" && apt-get download -o APT::Sandbox::User=root "${pkgs[@]}" >&2) ||
+			die "apt-get download ${pkgs[*]} failed (headers matching the guest kernel are needed to build cryptodev.ko)"
+	fi
+	local d
+	for d in "$tmp"/*.deb; do dpkg -x "$d" "$tmp/root" || die "dpkg -x $d failed"; done
+	hdr=$tmp/root/usr/src/linux-headers-$KVER
+	[ -f "$hdr/Makefile" ] || die "no $hdr/Makefile in the headers package"
+	# The arch headers' Makefile includes the common tree by an absolute /usr/src path.
+	sed -i "s|/usr/src/|$tmp/root/usr/src/|g" "$hdr/Makefile"
+	tar xzf "$tarball" -C "$tmp" || die "cannot unpack $tarball"
+	src=$(echo "$tmp"/cryptodev-linux-*/)
+	# Debian builds its kernel with gcc-12; use it when present, as the headers expect.
+	local cc=()
+	command -v gcc-12 >/dev/null && cc=(CC=gcc-12)
+	make -C "$src" KERNEL_DIR="$hdr" "${cc[@]}" -j2 >"$tmp/build.log" 2>&1 || {
+		tail -n 30 "$tmp/build.log" >&2
+		die "building cryptodev.ko failed (log above)"
+	}
+	[ -f "$src/cryptodev.ko" ] || die "the cryptodev build made no cryptodev.ko"
+	mkdir -p "$dir"
+	# Debug info is a few MB the guest does not need.
+	strip --strip-debug -o "$dir/cryptodev.ko" "$src/cryptodev.ko" 2>/dev/null || cp "$src/cryptodev.ko" "$dir/cryptodev.ko"
+	{
+		echo "source $(basename "$tarball") sha256 $sum"
+		echo "kernel $KVER Debian $kver_deb"
+		echo "headers ${pkgs[*]}"
+	} >"$dir/ok"
+	rm -rf "$tmp"
+	log "cached $dir/cryptodev.ko"
+}
