@@ -12,8 +12,12 @@
 #   SHARE <cfg> <suite> <size> <mode> <dso>=<percent> ...   (perf, nginx's samples)
 #   STATS <cfg> <summary line of the provider in nginx's worker>
 #   BODY <cfg> <suite> ok|bad
+#   FAULT <what> ok|bad <details>   (FAULTS=1: the fault phase below)
 # Environment: CONFIGS, SUITES (tls12-cbc tls12-gcm tls13), SIZES (1k 16k 1m), MODES
-# (keepalive close), DURATION (s), CONNS, PERF (1 to sample).
+# (keepalive close), DURATION (s), CONNS, PERF (1 to sample), FAULTS (1: after the
+# runs, with the module configuration on TLS 1.2 CBC under load, a client that
+# disconnects mid-response, a malformed handshake, then the module hot-unplugged
+# (testbed/run --unplug-on-marker); nginx must keep serving with the same worker).
 CONFIGS=${CONFIGS:-default module balanced}
 SUITES=${SUITES:-tls12-cbc tls12-gcm tls13}
 SIZES=${SIZES:-1k 16k 1m}
@@ -153,4 +157,42 @@ for cfg in $CONFIGS; do
 		[ -s "$W/stats" ] && sed "s/^/STATS $cfg $suite /" "$W/stats"
 	done
 done
+if [ "${FAULTS:-0}" = 1 ]; then
+	cnf module >"$W/openssl-module.cnf"
+	nginx_conf tls12-cbc >"$W/nginx.conf"
+	rm -f "$W/stats"
+	OPENSSL_CONF=$W/openssl-module.cnf nginx -c "$W/nginx.conf"
+	sleep 1
+	worker=$(pgrep -f "nginx: worker" | head -n 1)
+	OPENSSL_CONF=/dev/null timeout 60 wrk -t1 -c2 -d8s "https://127.0.0.1:$PORT/1m" >"$W/wrk.out" 2>&1 &
+	wrk_pid=$!
+	sleep 1
+	# A client that goes away mid-response.
+	printf 'GET /1m HTTP/1.1\r\nHost: x\r\n\r\n' |
+		OPENSSL_CONF=/dev/null timeout 1 openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof >/dev/null 2>&1
+	# A malformed handshake: bytes that are no TLS record.
+	head -c 600 /dev/urandom | timeout 2 nc 127.0.0.1 $PORT >/dev/null 2>&1
+	echo "@@HETCRYPT:UNPLUG@@"
+	if testbed-wait-unplug 30; then gone=yes; else gone=no; fi
+	wait "$wrk_pid"
+	printf 'GET /16k HTTP/1.0\r\nHost: x\r\n\r\n' |
+		OPENSSL_CONF=/dev/null openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof 2>/dev/null >"$W/got"
+	tail -c 16384 "$W/got" >"$W/got.body"
+	after=$(pgrep -f "nginx: worker" | head -n 1)
+	reqs=$(awk '/requests in/ { print $1 }' "$W/wrk.out")
+	errs=$(awk '/Socket errors:|Non-2xx/ { print }' "$W/wrk.out" | tr '\n' ' ')
+	nginx -c "$W/nginx.conf" -s quit
+	for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$W/nginx.pid" ] || break; sleep 0.5; done
+	summary=$(grep -v ' 0 calls, 0 bytes; kernel[^;]*: 0 calls' "$W/stats" | tail -n 1)
+	if [ "$gone" = yes ] && [ -n "$worker" ] && [ "$worker" = "$after" ] && cmp -s "$W/got.body" "$W/www/16k"; then
+		echo "FAULT unplug ok the device left under load, worker $worker kept serving, $reqs requests, wrk errors: ${errs:-none}"
+	else
+		echo "FAULT unplug bad device gone: $gone, worker $worker -> ${after:-none}, body after: $(cmp -s "$W/got.body" "$W/www/16k" && echo ok || echo bad)"
+	fi
+	if echo "$summary" | grep -q 'quarantined'; then
+		echo "FAULT quarantine ok $summary"
+	else
+		echo "FAULT quarantine bad $summary"
+	fi
+fi
 echo "https: done"
