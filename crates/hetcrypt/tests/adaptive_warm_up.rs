@@ -11,8 +11,8 @@
 //! and an undisturbed estimate below it can only come from a booked cold pull. (The
 //! real device's cold requests are slower; that direction cannot be told from a loaded
 //! host's overshoot, and what the exclusion gains in throughput is a benchmark's
-//! question, `benches/` and `examples/latency.rs`.) The CPU-like engine sleeps
-//! [`CPU_JOB`] on each job.
+//! question: `crates/hetcrypt/benches/`, `examples/latency.rs`.) The CPU-like engine
+//! sleeps [`CPU_JOB`] on each job.
 
 mod common;
 
