@@ -7,7 +7,8 @@ use std::path::Path;
 
 use cli_support::{fails, kernel_available, ok};
 
-/// A run small enough for CI: few files, two sizes, one rep.
+/// A run small enough for CI: few files, two sizes, one rep (tests of the summary
+/// raise the reps).
 const TINY: [&str; 8] = [
     "bench", "--files", "12", "--sizes", "8,1k", "--reps", "1", "-q",
 ];
@@ -22,18 +23,24 @@ fn run_ok(args: &[String]) -> String {
 
 #[test]
 fn json_has_tables_for_every_size_and_policy() {
-    let out = run_ok(&tiny(&[
-        "--json",
-        "--policies",
-        "only:cpu,only:kernel,pull",
-    ]));
+    // Three reps, so the summary (min, median, max of the runs) has something to get
+    // wrong: with one rep all three are that rep's time.
+    const REPS: usize = 3;
+    let mut args = tiny(&["--json", "--policies", "only:cpu,only:kernel,pull"]);
+    let reps = args
+        .iter()
+        .position(|a| a == "--reps")
+        .expect("TINY sets --reps")
+        + 1;
+    args[reps] = REPS.to_string();
+    let out = run_ok(&args);
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         json["cipher"], "aes-128-cbc-pkcs7",
         "CBC runs padded in bench"
     );
     assert_eq!(json["direction"], "encrypt");
-    assert_eq!(json["reps"], 1);
+    assert_eq!(json["reps"], REPS);
     let policies: Vec<&str> = json["policies"]
         .as_array()
         .unwrap()
@@ -74,13 +81,27 @@ fn json_has_tables_for_every_size_and_policy() {
         let results = s["policies"].as_array().unwrap();
         assert_eq!(results.len(), policies.len());
         for r in results {
-            let median = r["median_s"].as_f64().unwrap();
-            assert!(median > 0.0);
-            assert!(r["min_s"].as_f64().unwrap() <= median);
-            assert!(r["max_s"].as_f64().unwrap() >= median);
             let runs = r["runs"].as_array().unwrap();
-            assert_eq!(runs.len(), 1);
-            assert_eq!(runs[0]["report"]["jobs"], 12);
+            assert_eq!(runs.len(), REPS);
+            for run in runs {
+                assert_eq!(run["report"]["jobs"], 12);
+            }
+            // The summary is of these runs: their fastest, middle and slowest wall time,
+            // and the median run is the one with the median time.
+            let mut walls: Vec<f64> = runs.iter().map(|r| r["wall_s"].as_f64().unwrap()).collect();
+            walls.sort_by(f64::total_cmp);
+            assert!(walls[0] > 0.0, "{}: a run took no time", r["policy"]);
+            let median = r["median_s"].as_f64().unwrap();
+            assert_eq!(r["min_s"].as_f64(), Some(walls[0]), "{}", r["policy"]);
+            assert_eq!(median, walls[REPS / 2], "{}", r["policy"]);
+            assert_eq!(
+                r["max_s"].as_f64(),
+                Some(walls[REPS - 1]),
+                "{}",
+                r["policy"]
+            );
+            let median_run = r["median_run"].as_u64().unwrap() as usize;
+            assert_eq!(runs[median_run]["wall_s"].as_f64(), Some(median));
             let done: u64 = r["jobs_per_engine"]
                 .as_object()
                 .unwrap()

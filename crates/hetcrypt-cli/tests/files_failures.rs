@@ -7,7 +7,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod files_support;
-use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
+use files_support::{assert_no_temporaries, cannot_run_here, hetcrypt, run, stderr};
 
 /// Longest a run may take before the test calls it stuck (a debug build on a busy
 /// machine; the failures it guards against took hours).
@@ -261,7 +261,10 @@ fn keys_and_streams_refuse_what_would_betray_the_user() {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED the terminal case: no `script` here");
+        cannot_run_here(
+            "keys_and_streams_refuse_what_would_betray_the_user (its terminal case)",
+            "no `script` (util-linux) to give the command a terminal",
+        );
         return;
     }
     let mut cmd = std::process::Command::new("script");

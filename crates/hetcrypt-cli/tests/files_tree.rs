@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 mod files_support;
-use files_support::{assert_no_temporaries, run, stderr};
+use files_support::{assert_no_temporaries, cannot_run_here, run, stderr};
 
 fn key(dir: &Path) -> PathBuf {
     let key = dir.join("key");
@@ -242,8 +242,8 @@ fn a_folder_of_an_encrypted_tree_is_checked_against_the_manifest_above_it() {
 }
 
 /// A tree as `hetcrypt encrypt` writes it, read back by an independent implementation
-/// written from docs/format.md alone (Python's `cryptography`); skipped where Python
-/// or that package is missing.
+/// written from docs/format.md alone (Python's `cryptography`); where Python or that
+/// package is missing it fails, or with `HETCRYPT_ALLOW_SKIP` set skips.
 #[test]
 fn an_independent_python_reader_decrypts_a_tree_and_checks_its_manifest() {
     let has = std::process::Command::new("python3")
@@ -251,7 +251,10 @@ fn an_independent_python_reader_decrypts_a_tree_and_checks_its_manifest() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has {
-        eprintln!("SKIPPED: no python3 with the cryptography package");
+        cannot_run_here(
+            "an_independent_python_reader_decrypts_a_tree_and_checks_its_manifest",
+            "no python3 with the cryptography package",
+        );
         return;
     }
     let t = tempfile::tempdir().unwrap();

@@ -92,25 +92,51 @@ fn same_ciphertext_whatever_engines_policy_and_window() {
 
 #[test]
 fn chunks_of_one_message_spread_over_engines() {
+    use hetcrypt_format::{EncryptStream, Observer};
+    /// Keeps the one stream's ciphertext.
+    struct Written(Option<Vec<u8>>);
+    impl<'a> Observer<EncryptStream<&'a [u8], Vec<u8>>> for Written {
+        fn done(
+            &mut self,
+            stream: EncryptStream<&'a [u8], Vec<u8>>,
+            r: hetcrypt_format::Result<()>,
+        ) {
+            r.unwrap();
+            self.0 = Some(stream.into_parts().1);
+        }
+    }
     let pt = common::pattern(64 * CHUNK_SIZE, 5);
+    let salt = [0x3c; 24];
     for aead in Aead::ALL {
         let key = key_for(aead);
-        let params = SealParams::new(aead);
-        let stream = hetcrypt_format::EncryptStream::new(&pt[..], Vec::new(), &key, params);
-        struct Ignore;
-        impl<S> hetcrypt_format::Observer<S> for Ignore {
-            fn done(&mut self, _: S, r: hetcrypt_format::Result<()>) {
-                r.unwrap();
-            }
-        }
-        let mut p =
-            hetcrypt_format::Pipeline::new(common::two_engines(), &hetcrypt::policy::Pull).unwrap();
-        p.run([stream], &mut Ignore).unwrap();
+        let params = SealParams::new(aead).with_salt_for_tests(salt);
+        let stream = EncryptStream::new(&pt[..], Vec::new(), &key, params);
+        // Round-robin deals the chunks to the engines in turn, so both certainly get
+        // some (under `pull` one lane may drain a batch before the other starts).
+        let policy = hetcrypt::policy::RoundRobin::new();
+        let mut p = hetcrypt_format::Pipeline::new(common::two_engines(), &policy).unwrap();
+        let mut written = Written(None);
+        p.run([stream], &mut written).unwrap();
         let stats = p.stats();
         assert_eq!(stats.jobs, 65, "{aead}: 64 full chunks and an empty one");
         assert_eq!(stats.engines.iter().map(|e| e.jobs).sum::<u64>(), 65);
-        // Only a tally: which engine gets how many is the policy's business.
-        assert_eq!(stats.engines.len(), 2);
+        for e in &stats.engines {
+            assert!(e.jobs > 0, "{aead}: {} ran none of the chunks", e.name);
+        }
+        // Spread over two engines, the message is the one a single engine writes.
+        let alone = common::seal(
+            &common::cpu(),
+            &hetcrypt::policy::Pull,
+            &key,
+            SealParams::new(aead).with_salt_for_tests(salt),
+            &pt,
+            16,
+        )
+        .unwrap();
+        assert!(
+            written.0.expect("the stream finished") == alone,
+            "{aead}: spread over engines, the ciphertext differs"
+        );
     }
 }
 

@@ -15,7 +15,9 @@ use hetcrypt::cipher::BLOCK_LEN;
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
 use hetcrypt::policy::{self, Policy};
-use hetcrypt::{Cipher, Direction, Dispatcher, Error, Job, KeyId, KeySize, Mode, Tag, TAG_LEN};
+use hetcrypt::{
+    Cipher, Direction, Dispatcher, Error, Job, KeyId, KeySize, Mode, Report, Tag, TAG_LEN,
+};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
@@ -340,12 +342,15 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
                     }
                 }
             }
-        } else if done != jobs.len() || r.jobs != jobs.len() {
-            failures.push(format!(
-                "{path}: {} jobs given, {done} done by engines (report: {} jobs)",
-                jobs.len(),
-                r.jobs
-            ));
+        } else {
+            if done != jobs.len() || r.jobs != jobs.len() {
+                failures.push(format!(
+                    "{path}: {} jobs given, {done} done by engines (report: {} jobs)",
+                    jobs.len(),
+                    r.jobs
+                ));
+            }
+            check_fail_over(&mut failures, &path, name, r, fault.unwrap_or(0));
         }
         let per_engine: Vec<String> = r
             .engines
@@ -368,6 +373,44 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
         ));
     }
     failures.assert_none(suite);
+}
+
+/// Policies that deal every job before the batch starts: under them the flaky engine
+/// is certainly given more than its fault allows (the fail-over runs let it do a
+/// sixteenth of the batch), so it must fail and jobs must move. The others place jobs
+/// as the engines go and may never give it enough (`pull`, `threshold` and `adaptive`
+/// often give it none), so of them only consistency is asked.
+const DEALT_UP_FRONT: [&str; 2] = ["only:flaky", "round-robin"];
+
+/// In a fail-over run, checks what the report says of the flaky engine, which fails
+/// every job after its first `after`: it failed and its jobs moved where it was dealt
+/// more than that, and under any policy it failed exactly when jobs moved.
+fn check_fail_over(failures: &mut Failures, path: &str, policy: &str, r: &Report, after: usize) {
+    let Some(flaky) = r.engines.iter().find(|e| e.name == FLAKY) else {
+        failures.push(format!("{path}: no {FLAKY} engine in the report"));
+        return;
+    };
+    let failed = flaky.failed.is_some();
+    if DEALT_UP_FRONT.contains(&policy) && !(failed && r.redispatched > 0) {
+        failures.push(format!(
+            "{path}: {FLAKY} was dealt more than its {after} good jobs, yet failed: {failed}, \
+             jobs re-dispatched: {}",
+            r.redispatched
+        ));
+    }
+    if failed && (flaky.jobs != after || r.redispatched == 0) {
+        failures.push(format!(
+            "{path}: {FLAKY} failed after {} jobs (its fault: after {after}), {} re-dispatched",
+            flaky.jobs, r.redispatched
+        ));
+    }
+    if !failed && (flaky.jobs > after || r.redispatched != 0) {
+        failures.push(format!(
+            "{path}: {FLAKY} did {} jobs (its fault: after {after}) and is not failed, \
+             {} re-dispatched",
+            flaky.jobs, r.redispatched
+        ));
+    }
 }
 
 /// Runs `cases` on every engine alone, by lane, lane batch and dispatcher.

@@ -5,7 +5,6 @@
 //!
 //! Outside the guest (no `HETCRYPT_TESTBED`) the test prints a note and returns.
 
-use std::io::Write;
 use std::time::Duration;
 
 use hetcrypt::calibration::{self, Fingerprint, Loaded, Settings};
@@ -17,14 +16,14 @@ use hetcrypt::{Cipher, Direction};
 const VIRTIO: &str = "virtio_crypto_aes_cbc";
 
 #[test]
+#[ignore = "needs the testbed guest (HETCRYPT_TESTBED): testbed/ci runs it"]
 fn testbed_calibrates_the_module_against_the_cpu() {
-    if std::env::var_os("HETCRYPT_TESTBED").is_none() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: not in the testbed guest (HETCRYPT_TESTBED unset); run testbed/run"
-        );
-        return;
-    }
+    // Ignored on the host (listed with the reason); testbed/ci runs it with
+    // --include-ignored, and run that way outside the guest it fails, not passes.
+    assert!(
+        std::env::var_os("HETCRYPT_TESTBED").is_some(),
+        "needs the testbed guest (HETCRYPT_TESTBED unset): run it through testbed/ci"
+    );
     let module = format!("kernel:{VIRTIO}");
     let engines = vec![
         CpuEngine::new().into_engine(),

@@ -55,17 +55,28 @@ pub fn kernel_available() -> bool {
         .any(|e| e["name"] == "kernel")
 }
 
-/// The committed snapshot `tests/snapshots/NAME`; with `UPDATE_SNAPSHOTS=1` in the
-/// environment, (re)writes it from `actual` instead.
+/// Asserts `actual` is the committed snapshot `tests/snapshots/NAME`. With
+/// `UPDATE_SNAPSHOTS=1` in the environment, a snapshot that differs (or is missing) is
+/// rewritten from `actual`, and the test still fails, saying so: a run that rewrites
+/// snapshots can never pass (in CI, or by an unnoticed variable), and the rewrite shows
+/// up in `git diff` for review. Run again without it to see them pass.
 pub fn assert_snapshot(name: &str, actual: &str) {
     let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/snapshots")
         .join(name);
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::write(&path, actual).expect("snapshot written");
+    let expected = std::fs::read_to_string(&path);
+    if expected.as_deref().ok() == Some(actual) {
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, actual).expect("snapshot written");
+        panic!(
+            "updated snapshot {} (UPDATE_SNAPSHOTS is set); review it with git diff and \
+             run again without UPDATE_SNAPSHOTS",
+            path.display()
+        );
+    }
+    let expected = expected.unwrap_or_else(|e| {
         panic!(
             "{}: {e}; run with UPDATE_SNAPSHOTS=1 to create it",
             path.display()

@@ -39,3 +39,16 @@ pub fn assert_no_temporaries(root: &Path) {
         );
     }
 }
+
+/// What a test that cannot run here does: it fails, naming what is missing, unless
+/// `HETCRYPT_ALLOW_SKIP` is set, for a machine known to lack it; then it says SKIPPED
+/// (in the captured output: the variable is the visible, deliberate part) and the test
+/// returns. A skip that returned silently passed on every machine that lacked the tool.
+pub fn cannot_run_here(test: &str, missing: &str) {
+    assert!(
+        std::env::var_os("HETCRYPT_ALLOW_SKIP").is_some(),
+        "{test} cannot run here: {missing}; install it, or set HETCRYPT_ALLOW_SKIP=1 to \
+         skip it on this machine"
+    );
+    eprintln!("SKIPPED {test} (HETCRYPT_ALLOW_SKIP): {missing}");
+}
