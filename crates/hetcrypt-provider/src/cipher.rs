@@ -461,7 +461,8 @@ unsafe fn init(
     1
 }
 
-unsafe extern "C" fn einit(
+/// `encrypt_init` (`ENC`) and `decrypt_init`.
+unsafe extern "C" fn init_entry<const ENC: bool>(
     vctx: *mut c_void,
     key: *const u8,
     keylen: usize,
@@ -469,23 +470,14 @@ unsafe extern "C" fn einit(
     ivlen: usize,
     list: *const OSSL_PARAM,
 ) -> c_int {
+    let name = if ENC {
+        c"encrypt_init"
+    } else {
+        c"decrypt_init"
+    };
     // SAFETY: OpenSSL's arguments.
-    guarded(0, c"encrypt_init", || unsafe {
-        init(vctx, key, keylen, iv, ivlen, list, true)
-    })
-}
-
-unsafe extern "C" fn dinit(
-    vctx: *mut c_void,
-    key: *const u8,
-    keylen: usize,
-    iv: *const u8,
-    ivlen: usize,
-    list: *const OSSL_PARAM,
-) -> c_int {
-    // SAFETY: OpenSSL's arguments.
-    guarded(0, c"decrypt_init", || unsafe {
-        init(vctx, key, keylen, iv, ivlen, list, false)
+    guarded(0, name, || unsafe {
+        init(vctx, key, keylen, iv, ivlen, list, ENC)
     })
 }
 
@@ -702,8 +694,8 @@ const fn table<const I: usize>() -> [OSSL_DISPATCH; 15] {
         entry!(OSSL_FUNC_CIPHER_NEWCTX, newctx::<I>, NewCtxFn),
         entry!(OSSL_FUNC_CIPHER_FREECTX, freectx, FreeCtxFn),
         entry!(OSSL_FUNC_CIPHER_DUPCTX, dupctx, DupCtxFn),
-        entry!(OSSL_FUNC_CIPHER_ENCRYPT_INIT, einit, InitFn),
-        entry!(OSSL_FUNC_CIPHER_DECRYPT_INIT, dinit, InitFn),
+        entry!(OSSL_FUNC_CIPHER_ENCRYPT_INIT, init_entry::<true>, InitFn),
+        entry!(OSSL_FUNC_CIPHER_DECRYPT_INIT, init_entry::<false>, InitFn),
         entry!(OSSL_FUNC_CIPHER_UPDATE, update, UpdateFn),
         entry!(OSSL_FUNC_CIPHER_FINAL, final_, FinalFn),
         entry!(OSSL_FUNC_CIPHER_CIPHER, cipher, UpdateFn),
