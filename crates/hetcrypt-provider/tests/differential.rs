@@ -61,7 +61,7 @@ fn module_path() -> PathBuf {
     let so = dir.join("libhetcrypt_provider.so");
     assert!(
         so.exists(),
-        "{} missing: cargo builds it with the tests",
+        "{} missing: `cargo test` does not build the cdylib; run `cargo build -p hetcrypt-provider` first (scripts/test does)",
         so.display()
     );
     so
