@@ -32,10 +32,6 @@ pub enum Reason {
     InvalidKeyLength = 2,
     /// An IV of the wrong length.
     InvalidIvLength = 3,
-    /// An update or final before a key was set.
-    NoKeySet = 4,
-    /// The output buffer cannot hold the result.
-    OutputTooSmall = 5,
     /// A panic was caught at the FFI boundary (a bug in hetcrypt).
     Internal = 6,
     /// Setting up the provider failed.
@@ -43,12 +39,10 @@ pub enum Reason {
 }
 
 /// `(reason, text)` pairs, terminated as OSSL_ITEM arrays are.
-pub const REASONS: [(u32, &CStr); 7] = [
+pub const REASONS: [(u32, &CStr); 5] = [
     (Reason::OperationFailed as u32, c"cipher operation failed"),
     (Reason::InvalidKeyLength as u32, c"invalid key length"),
     (Reason::InvalidIvLength as u32, c"invalid iv length"),
-    (Reason::NoKeySet as u32, c"no key set"),
-    (Reason::OutputTooSmall as u32, c"output buffer too small"),
     (
         Reason::Internal as u32,
         c"internal error in the hetcrypt provider",
