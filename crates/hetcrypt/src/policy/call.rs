@@ -449,6 +449,30 @@ mod tests {
     }
 
     #[test]
+    fn modes_are_named_as_the_configuration_spells_them() {
+        assert_eq!(RouterMode::Balanced.name(), "balanced");
+        assert_eq!(RouterMode::Cpu.name(), "cpu");
+        assert_eq!(RouterMode::Module.name(), "module");
+    }
+
+    #[test]
+    fn huge_calls_share_the_last_size_class_and_touch_no_other_site() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(1 << 30), 5_000_000);
+        // The last class: 1 MiB and 1 GiB calls are one site...
+        assert_ne!(r.route(site(1 << 20)), Route::Cpu { timed: true });
+        // ...and the next site (decryption of tiny calls) is still unmeasured.
+        for len in [0, 1] {
+            let tiny_decrypt = CallSite {
+                cipher: 0,
+                encrypt: false,
+                len,
+            };
+            assert_eq!(r.route(tiny_decrypt), Route::Cpu { timed: true });
+        }
+    }
+
+    #[test]
     fn directions_and_ciphers_keep_separate_estimates() {
         let r = CallRouter::new(RouterMode::Balanced, 2, None);
         let enc = CallSite {
