@@ -638,11 +638,14 @@ unsafe extern "C" fn set_ctx_params(vctx: *mut c_void, list: *const OSSL_PARAM) 
     })
 }
 
-unsafe extern "C" fn gettable_ctx_params<const I: usize>(
+/// A context-parameter list of the default provider's cipher `I` (`pick` chooses
+/// gettable or settable), asked of its inner context when OpenSSL names ours.
+fn ctx_param_list<const I: usize>(
     vctx: *mut c_void,
-    _provctx: *mut c_void,
+    func: &CStr,
+    pick: fn(&InnerCipher) -> Option<crate::inner::CtxGettableFn>,
 ) -> *const OSSL_PARAM {
-    guarded(std::ptr::null(), c"gettable_ctx_params", || {
+    guarded(std::ptr::null(), func, || {
         let Some(prov) = crate::global() else {
             return std::ptr::null();
         };
@@ -650,38 +653,22 @@ unsafe extern "C" fn gettable_ctx_params<const I: usize>(
         // SAFETY: our context or NULL.
         let inner = unsafe { ctx(vctx) }.map_or(std::ptr::null_mut(), |c| c.inner);
         // SAFETY: the default provider's list function.
-        f.gettable_ctx_params
-            .map_or(std::ptr::null(), |g| unsafe { g(inner, f.provctx) })
+        pick(f).map_or(std::ptr::null(), |g| unsafe { g(inner, f.provctx) })
     })
+}
+
+unsafe extern "C" fn gettable_ctx_params<const I: usize>(
+    vctx: *mut c_void,
+    _provctx: *mut c_void,
+) -> *const OSSL_PARAM {
+    ctx_param_list::<I>(vctx, c"gettable_ctx_params", |f| f.gettable_ctx_params)
 }
 
 unsafe extern "C" fn settable_ctx_params<const I: usize>(
     vctx: *mut c_void,
     _provctx: *mut c_void,
 ) -> *const OSSL_PARAM {
-    guarded(std::ptr::null(), c"settable_ctx_params", || {
-        let Some(prov) = crate::global() else {
-            return std::ptr::null();
-        };
-        let f = prov.inner_cipher(I);
-        // SAFETY: our context or NULL.
-        let inner = unsafe { ctx(vctx) }.map_or(std::ptr::null_mut(), |c| c.inner);
-        // SAFETY: the default provider's list function.
-        f.settable_ctx_params
-            .map_or(std::ptr::null(), |g| unsafe { g(inner, f.provctx) })
-    })
-}
-
-/// A dispatch entry from a typed function.
-macro_rules! entry {
-    ($id:expr, $f:expr, $t:ty) => {
-        OSSL_DISPATCH {
-            function_id: $id as c_int,
-            // SAFETY: OpenSSL calls the function with the signature its id implies,
-            // which is `$t`.
-            function: Some(unsafe { std::mem::transmute::<$t, unsafe extern "C" fn()>($f) }),
-        }
-    };
+    ctx_param_list::<I>(vctx, c"settable_ctx_params", |f| f.settable_ctx_params)
 }
 
 /// Our dispatch table for offered cipher `I`.

@@ -9,6 +9,19 @@
 //! Layout: [`inner`] reaches the default provider (the CPU path), [`cipher`] is the
 //! cipher operation, [`route`] the module and the counters, [`core`] the upcalls.
 
+/// A dispatch entry from a typed function: the one place a function pointer is cast
+/// to OpenSSL's generic `void (*)(void)` (both dispatch tables use it).
+macro_rules! entry {
+    ($id:expr, $f:expr, $t:ty) => {
+        OSSL_DISPATCH {
+            function_id: $id as c_int,
+            // SAFETY: OpenSSL calls the function with the signature its id implies,
+            // which is `$t`.
+            function: Some(unsafe { std::mem::transmute::<$t, unsafe extern "C" fn()>($f) }),
+        }
+    };
+}
+
 pub mod cipher;
 pub mod core;
 pub mod inner;
@@ -271,16 +284,6 @@ unsafe extern "C" fn get_reason_strings(_provctx: *mut c_void) -> *const OSSL_IT
 struct Dispatch([OSSL_DISPATCH; 7]);
 // SAFETY: immutable, pointing to functions.
 unsafe impl Sync for Dispatch {}
-
-macro_rules! entry {
-    ($id:expr, $f:expr, $t:ty) => {
-        OSSL_DISPATCH {
-            function_id: $id as c_int,
-            // SAFETY: OpenSSL calls it with the signature of its id, which is `$t`.
-            function: Some(unsafe { std::mem::transmute::<$t, unsafe extern "C" fn()>($f) }),
-        }
-    };
-}
 
 type TeardownFn = unsafe extern "C" fn(*mut c_void);
 type GettableFn = unsafe extern "C" fn(*mut c_void) -> *const OSSL_PARAM;
