@@ -64,13 +64,21 @@ const CLASSES: usize = 21;
 /// In-line calls timed when nothing calls for a measurement: one in this many (a
 /// clock read costs about as much as a 16-byte AES call).
 const SAMPLE_EVERY: u32 = 32;
-/// The engine a site does not prefer is tried again now and then, so a change of the
-/// machine (a busy CPU, a slower module) is noticed: at least this many calls apart...
+/// Before the module's cost at a size is known, calls below the threshold try it once
+/// in this many calls.
 const RECHECK_EVERY: u32 = 256;
-/// ...and rarely enough that the checks cost at most about 1/EXPLORE_SHARE of the
-/// time (a 16-byte call on a module costs ~100 in-line calls: checking it every 256
-/// calls would halve the throughput).
+/// The engine a site does not prefer is tried again now and then, so a change of the
+/// machine (a busy CPU, a slower module) is noticed: rarely enough that what the checks
+/// cost *beyond* the preferred engine is at most about 1/EXPLORE_SHARE of the time (a
+/// 16-byte call on a module costs ~100 in-line calls: checking it every 256 calls would
+/// halve the throughput)...
 const EXPLORE_SHARE: u64 = 64;
+/// ...and at least this many calls apart. Where the two engines cost about the same a
+/// check costs next to nothing, so the gap falls to this floor and a site that one
+/// device stall pushed in-line comes back within a few dozen calls: with 16 KiB TLS
+/// records in the soft guest, a floor of 256 kept 1 MiB responses on the CPU for half
+/// a second after each stall.
+const MIN_GAP: u64 = 4 * BURST as u64;
 /// The longest gap between checks, in calls.
 const RECHECK_MAX: u32 = 1 << 20;
 /// Weight of a new sample that is higher than the average: 1/8 follows a slowdown
@@ -120,11 +128,12 @@ pub struct CallRouter {
 }
 
 /// Calls between checks of the engine a site does not prefer (a power of two, so the
-/// check is a mask): a check costing `check` ns where a call costs `call` ns in the
-/// preferred engine comes once in about EXPLORE_SHARE * check / call calls.
-fn recheck_gap(check: u64, call: u64) -> u32 {
-    let gap = EXPLORE_SHARE.saturating_mul(check) / call.max(1);
-    gap.clamp(u64::from(RECHECK_EVERY), u64::from(RECHECK_MAX))
+/// check is a mask): a check costing `extra` ns more than the preferred engine would
+/// for the same calls, where a call costs `call` ns in the preferred engine, comes once
+/// in about EXPLORE_SHARE * extra / call calls.
+fn recheck_gap(extra: u64, call: u64) -> u32 {
+    let gap = EXPLORE_SHARE.saturating_mul(extra) / call.max(1);
+    gap.clamp(MIN_GAP, u64::from(RECHECK_MAX))
         .next_power_of_two()
         .min(u64::from(RECHECK_MAX)) as u32
 }
@@ -218,7 +227,7 @@ impl CallRouter {
             };
         }
         if module < cpu {
-            if t & (recheck_gap(cpu, module) - 1) == 0 {
+            if t & (recheck_gap(cpu - module, module) - 1) == 0 {
                 return Route::Cpu { timed: true };
             }
             if cpu > module.saturating_mul(WAIT_FACTOR) {
@@ -228,7 +237,7 @@ impl CallRouter {
                     else_timed: t.is_multiple_of(SAMPLE_EVERY),
                 }
             }
-        } else if t & (recheck_gap(u64::from(BURST) * module, cpu) - 1) == 0 {
+        } else if t & (recheck_gap(u64::from(BURST) * (module - cpu), cpu) - 1) == 0 {
             check_module()
         } else {
             Route::Cpu {
@@ -379,6 +388,24 @@ mod tests {
             r.observe_module(site(8192), 2_000_000);
         }
         assert!(module_share(&r, 8192, 256) <= 2 * BURST);
+    }
+
+    #[test]
+    fn a_site_pushed_in_line_by_a_stall_comes_back_within_a_few_dozen_calls() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        // 16 KiB records in the soft guest: ~1.9 ms in-line; a run of stalls left the
+        // module's average just above the CPU's.
+        r.observe_cpu(site(16384), 1_900_000);
+        r.observe_module(site(16384), 2_000_000);
+        // A check costs little more than the calls it replaces: it comes soon (the
+        // old gap, 64 checks' worth of the module's whole cost, was 1024 calls).
+        let tried = module_share(&r, 16384, 2 * MIN_GAP as u32);
+        assert!(tried >= BURST, "the module was tried {tried} times");
+        // The steady cost it shows then brings the site back.
+        for _ in 0..BURST {
+            r.observe_module(site(16384), 250_000);
+        }
+        assert!(module_share(&r, 16384, 64) >= 60);
     }
 
     #[test]
