@@ -133,9 +133,9 @@ for cfg in $CONFIGS; do
 					perf_pid=$!
 				fi
 				if [ -n "$hdr" ]; then
-					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -H "$hdr" "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
+					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency -H "$hdr" "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
 				else
-					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
+					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
 				fi
 				[ "$PERF" = 1 ] && wait "$perf_pid"
 				awk -v cfg="$cfg" -v suite="$suite" -v size="$size" -v mode="$mode" '
