@@ -26,8 +26,7 @@
 mod cryptodev;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use block_padding::{Padding, Pkcs7};
 use nix::errno::Errno;
@@ -38,6 +37,7 @@ use crate::engine::kernel::afalg::SysError;
 use crate::engine::kernel::device::{self, DeviceWatch};
 use crate::engine::kernel::proc_crypto::{self, AlgEntry};
 use crate::engine::kernel::{kernel_release, proc_entries};
+use crate::engine::poison::Poison;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
@@ -104,9 +104,8 @@ struct State {
     name: String,
     served: Vec<Served>,
     release: String,
-    /// Set once, at the first failure of the engine; never cleared.
-    poisoned: AtomicBool,
-    reason: OnceLock<String>,
+    /// Set at the engine's first failure of its own.
+    poison: Poison,
 }
 
 impl State {
@@ -118,29 +117,15 @@ impl State {
 
     /// Marks the engine failed; every lane stops using the device.
     fn poison(&self, reason: String) -> Error {
-        let reason = self.reason.get_or_init(|| reason).clone();
-        self.poisoned.store(true, Ordering::Release);
-        Error::EngineFailed {
-            engine: self.name.clone(),
-            reason,
-        }
+        self.poison.set(&self.name, reason)
     }
 
     fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
+        self.poison.is_set()
     }
 
     fn check_poison(&self) -> Result<()> {
-        if self.is_poisoned() {
-            return Err(Error::EngineFailed {
-                engine: self.name.clone(),
-                reason: format!(
-                    "stopped after an earlier failure: {}",
-                    self.reason.get().map_or("unknown", String::as_str)
-                ),
-            });
-        }
-        Ok(())
+        self.poison.check(&self.name)
     }
 
     /// Whether a device under any served cipher is going (its sysfs link vanished).
@@ -277,8 +262,7 @@ impl DevcryptoEngine {
                 name,
                 served,
                 release: kernel_release(),
-                poisoned: AtomicBool::new(false),
-                reason: OnceLock::new(),
+                poison: Poison::default(),
             }),
             lanes: DEFAULT_LANES,
         })

@@ -25,8 +25,7 @@ use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use block_padding::{Padding, Pkcs7};
 use nix::errno::Errno;
@@ -35,6 +34,7 @@ use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
 use self::device::DeviceWatch;
 use self::proc_crypto::AlgEntry;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
+use crate::engine::poison::Poison;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput, TAG_LEN};
@@ -128,9 +128,8 @@ struct State {
     name: String,
     served: Vec<Served>,
     release: String,
-    /// Set once, at the first failure of the engine; never cleared.
-    poisoned: AtomicBool,
-    reason: OnceLock<String>,
+    /// Set at the engine's first failure of its own.
+    poison: Poison,
 }
 
 impl State {
@@ -142,25 +141,15 @@ impl State {
 
     /// Marks the engine failed; every lane stops using the kernel.
     fn poison(&self, reason: String) -> Error {
-        let reason = self.reason.get_or_init(|| reason).clone();
-        self.poisoned.store(true, Ordering::Release);
-        Error::EngineFailed {
-            engine: self.name.clone(),
-            reason,
-        }
+        self.poison.set(&self.name, reason)
+    }
+
+    fn is_poisoned(&self) -> bool {
+        self.poison.is_set()
     }
 
     fn check_poison(&self) -> Result<()> {
-        if self.poisoned.load(Ordering::Acquire) {
-            return Err(Error::EngineFailed {
-                engine: self.name.clone(),
-                reason: format!(
-                    "stopped after an earlier failure: {}",
-                    self.reason.get().map_or("unknown", String::as_str)
-                ),
-            });
-        }
-        Ok(())
+        self.poison.check(&self.name)
     }
 }
 
@@ -222,8 +211,7 @@ impl KernelEngine {
                 name,
                 served,
                 release: kernel_release(),
-                poisoned: AtomicBool::new(false),
-                reason: OnceLock::new(),
+                poison: Poison::default(),
             }),
             lanes: DEFAULT_LANES,
         })
@@ -635,7 +623,7 @@ impl KernelLane {
     /// Closes the contexts of removed keys (their sockets, and any device session the
     /// driver holds for them). A poisoned engine's sockets stay, to be parked on drop.
     fn forget(&mut self, ids: &[KeyId]) {
-        if !self.state.poisoned.load(Ordering::Acquire) {
+        if !self.state.is_poisoned() {
             self.contexts.retain(|(key, _, _), _| !ids.contains(key));
         }
     }
@@ -644,7 +632,7 @@ impl KernelLane {
 impl Drop for KernelLane {
     /// A poisoned engine's sockets are parked, never closed: see [`device::park`].
     fn drop(&mut self) {
-        if self.state.poisoned.load(Ordering::Acquire) && !self.contexts.is_empty() {
+        if self.state.is_poisoned() && !self.contexts.is_empty() {
             let fds = self
                 .contexts
                 .drain()
