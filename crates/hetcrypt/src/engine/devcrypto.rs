@@ -37,7 +37,7 @@ use crate::engine::kernel::afalg::SysError;
 use crate::engine::kernel::device::{self, DeviceWatch};
 use crate::engine::kernel::proc_crypto::{self, AlgEntry};
 use crate::engine::kernel::{kernel_release, proc_entries};
-use crate::engine::poison::Poison;
+use crate::engine::shared;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
@@ -99,35 +99,19 @@ struct Served {
 }
 
 /// Shared by an engine and all its lanes.
-#[derive(Debug)]
-struct State {
-    name: String,
-    served: Vec<Served>,
-    release: String,
-    /// Set at the engine's first failure of its own.
-    poison: Poison,
+type State = shared::State<Served>;
+
+impl shared::Serves for Served {
+    fn modes(&self) -> &[Mode] {
+        self.modes
+    }
+
+    fn key_sizes(&self) -> &[KeySize] {
+        &self.key_sizes
+    }
 }
 
 impl State {
-    fn served(&self, cipher: Cipher) -> Option<&Served> {
-        self.served
-            .iter()
-            .find(|s| s.modes.contains(&cipher.mode) && s.key_sizes.contains(&cipher.key_size))
-    }
-
-    /// Marks the engine failed; every lane stops using the device.
-    fn poison(&self, reason: String) -> Error {
-        self.poison.set(&self.name, reason)
-    }
-
-    fn is_poisoned(&self) -> bool {
-        self.poison.is_set()
-    }
-
-    fn check_poison(&self) -> Result<()> {
-        self.poison.check(&self.name)
-    }
-
     /// Whether a device under any served cipher is going (its sysfs link vanished).
     fn device_gone(&self) -> bool {
         self.served.iter().any(|s| s.watch.gone_all().is_some())
@@ -258,12 +242,7 @@ impl DevcryptoEngine {
             }
         }
         Ok(DevcryptoEngine {
-            state: Arc::new(State {
-                name,
-                served,
-                release: kernel_release(),
-                poison: Poison::default(),
-            }),
+            state: Arc::new(State::new(name, served, kernel_release())),
             lanes: DEFAULT_LANES,
         })
     }

@@ -34,7 +34,7 @@ use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
 use self::device::DeviceWatch;
 use self::proc_crypto::AlgEntry;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
-use crate::engine::poison::Poison;
+use crate::engine::shared;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput, TAG_LEN};
@@ -123,33 +123,15 @@ struct Served {
 }
 
 /// Shared by an engine and all its lanes.
-#[derive(Debug)]
-struct State {
-    name: String,
-    served: Vec<Served>,
-    release: String,
-    /// Set at the engine's first failure of its own.
-    poison: Poison,
-}
+type State = shared::State<Served>;
 
-impl State {
-    fn served(&self, cipher: Cipher) -> Option<&Served> {
-        self.served
-            .iter()
-            .find(|s| s.modes.contains(&cipher.mode) && s.key_sizes.contains(&cipher.key_size))
+impl shared::Serves for Served {
+    fn modes(&self) -> &[Mode] {
+        self.modes
     }
 
-    /// Marks the engine failed; every lane stops using the kernel.
-    fn poison(&self, reason: String) -> Error {
-        self.poison.set(&self.name, reason)
-    }
-
-    fn is_poisoned(&self) -> bool {
-        self.poison.is_set()
-    }
-
-    fn check_poison(&self) -> Result<()> {
-        self.poison.check(&self.name)
+    fn key_sizes(&self) -> &[KeySize] {
+        &self.key_sizes
     }
 }
 
@@ -207,12 +189,7 @@ impl KernelEngine {
             Some(driver) => probe_driver(driver).map_err(unavailable)?,
         };
         Ok(KernelEngine {
-            state: Arc::new(State {
-                name,
-                served,
-                release: kernel_release(),
-                poison: Poison::default(),
-            }),
+            state: Arc::new(State::new(name, served, kernel_release())),
             lanes: DEFAULT_LANES,
         })
     }

@@ -7,7 +7,7 @@ pub mod cpu;
 pub mod devcrypto;
 pub mod fault;
 pub mod kernel;
-mod poison;
+mod shared;
 
 use std::sync::Arc;
 
