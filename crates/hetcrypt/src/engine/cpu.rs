@@ -1,10 +1,11 @@
 //! The `cpu` engine: OpenSSL EVP in software (AES-NI where the CPU has it), the `aes`
-//! crate block-parallel for CTR and CBC decryption, and multi-buffer CBC encryption
-//! when a lane is given several messages at once.
+//! crate block-parallel for CTR and CBC decryption where it measures faster, and
+//! multi-buffer CBC encryption when a lane is given several messages at once.
 
 mod chain;
 mod multibuf;
 mod parallel;
+mod select;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::job::{Job, JobOutput, TAG_LEN};
 use crate::key::{KeyId, KeyStore};
 
 pub use multibuf::MAX_CHAINS;
+pub use select::{Choice, Implementation, Probe};
 
 /// How many CBC messages a lane encrypts in lockstep by default. Measured on our
 /// host (docs/performance.md, `chains` sweep): 4 chains reach ~3.5x one chain, 8 reach
@@ -49,24 +51,15 @@ fn is_cbc_encrypt(job: &Job) -> bool {
     job.direction == Direction::Encrypt && matches!(job.cipher.mode, Mode::Cbc | Mode::CbcPkcs7)
 }
 
-/// Whether a job is parallel over its blocks (CTR either way, CBC decryption), the
-/// jobs the `aes` crate runs without EVP's per-message re-initialisation.
-fn is_block_parallel(cipher: Cipher, direction: Direction) -> bool {
-    match cipher.mode {
-        Mode::Ctr => true,
-        Mode::Cbc | Mode::CbcPkcs7 => direction == Direction::Decrypt,
-        Mode::Gcm => false,
-    }
-}
-
 /// Who runs the work that is parallel over blocks or messages — CTR, CBC decryption
 /// and multi-buffer CBC encryption: the `aes` crate, or OpenSSL EVP one job at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BlockParallel {
-    /// The `aes` crate where the CPU has AES instructions (measured faster than EVP
-    /// there), EVP where it does not: without AES-NI, OpenSSL's vector-permute AES ran
-    /// CTR and CBC decryption 3x, and one CBC chain 2x, as fast as the crate's
-    /// constant-time software backend did all of them (docs/performance.md).
+    /// CTR and CBC decryption: whichever of the `aes` crate and EVP measures faster on
+    /// this CPU, per key size and size band, timed at the first job of each (see
+    /// `select.rs`). Multi-buffer CBC encryption: on where the CPU has AES instructions;
+    /// without them OpenSSL's vector-permute AES ran one CBC chain 2x as fast as the
+    /// crate's constant-time software backend ran eight (docs/performance.md).
     #[default]
     Auto,
     /// Always the `aes` crate, even with its software backend (tests use this to
@@ -77,12 +70,21 @@ pub enum BlockParallel {
 }
 
 impl BlockParallel {
-    /// Whether lanes use the `aes` crate on this CPU.
-    fn resolve(self) -> bool {
+    /// Whether lanes may encrypt CBC messages in lockstep on the `aes` crate.
+    fn multibuffer(self) -> bool {
         match self {
             BlockParallel::Auto => aes::hardware_accelerated(),
             BlockParallel::On => true,
             BlockParallel::Off => false,
+        }
+    }
+
+    /// The implementation this setting forces on CTR and CBC decryption, if any.
+    fn forced(self) -> Option<Implementation> {
+        match self {
+            BlockParallel::Auto => None,
+            BlockParallel::On => Some(Implementation::AesCrate),
+            BlockParallel::Off => Some(Implementation::Evp),
         }
     }
 }
@@ -100,6 +102,9 @@ pub struct CpuEngine {
     pinned: bool,
     chains: usize,
     parallel: BlockParallel,
+    /// Which implementation runs CTR and CBC decryption, measured once per engine and
+    /// shared by its clones and lanes.
+    select: Arc<select::Selection>,
 }
 
 impl Default for CpuEngine {
@@ -124,6 +129,7 @@ impl CpuEngine {
             pinned: false,
             chains: DEFAULT_CHAINS,
             parallel: BlockParallel::Auto,
+            select: Arc::new(select::Selection::new(None)),
         }
     }
 
@@ -151,13 +157,22 @@ impl CpuEngine {
     /// [`BlockParallel::Auto`]).
     pub fn block_parallel(mut self, parallel: BlockParallel) -> Self {
         self.parallel = parallel;
+        self.select = Arc::new(select::Selection::new(parallel.forced()));
         self
+    }
+
+    /// Which implementation runs `cipher` in `direction` on this engine's lanes and
+    /// why, for the block-parallel ones (CTR, CBC decryption); `None` for the others,
+    /// which have one implementation. The first call for a (mode, key size) measures
+    /// both implementations (about a millisecond) unless configuration forced one.
+    pub fn choice(&self, cipher: Cipher, direction: Direction) -> Option<Choice> {
+        self.select.choice(cipher, direction).cloned()
     }
 
     /// The lockstep width lanes use: the configured one where the `aes` crate runs,
     /// 1 (EVP one job at a time) where it does not.
     fn chains(&self) -> usize {
-        if self.parallel.resolve() {
+        if self.parallel.multibuffer() {
             self.chains
         } else {
             1
@@ -176,7 +191,7 @@ impl CpuEngine {
             cbc_chains: Vec::new(),
             aes_keys: Vec::new(),
             chains: self.chains(),
-            parallel: self.parallel.resolve(),
+            select: Arc::clone(&self.select),
             ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
             picked: Vec::with_capacity(self.chains()),
@@ -213,9 +228,12 @@ impl Engine for CpuEngine {
         &self.name
     }
 
+    /// Per cipher, which implementation runs it and why: CTR and CBC decryption say
+    /// which of the `aes` crate and EVP measured faster (measuring them now if no job
+    /// has yet), with the figures; GCM and CBC encryption have one implementation
+    /// (and multi-buffer CBC encryption for batches).
     fn info(&self) -> EngineInfo {
         let version = openssl::version::version();
-        let parallel = self.parallel.resolve();
         let chains = self.chains();
         EngineInfo {
             name: self.name.clone(),
@@ -225,22 +243,33 @@ impl Engine for CpuEngine {
                 .map(|cipher| {
                     let evp = evp_cipher(cipher).nid().short_name().unwrap_or("?");
                     let evp = format!("{version} EVP {evp}");
-                    let crate_ = format!("aes crate ({}) block-parallel", aes_backend());
-                    let multibuf = format!(
-                        "; batches: {}-way multi-buffer, aes crate ({})",
-                        chains,
-                        aes_backend()
-                    );
-                    let multibuf = if chains > 1 { &multibuf[..] } else { "" };
+                    let both = |direction| {
+                        let choice = self
+                            .choice(cipher, direction)
+                            .map_or_else(|| Implementation::Evp.to_string(), |c| c.to_string());
+                        format!(
+                            "{choice} [aes-crate: aes crate ({}) block-parallel; \
+                             openssl-evp: {evp}]",
+                            aes_backend()
+                        )
+                    };
                     let driver = match cipher.mode {
-                        Mode::Ctr if parallel => crate_,
-                        Mode::Cbc | Mode::CbcPkcs7 if parallel => {
-                            format!("encryption {evp}{multibuf}; decryption {crate_}")
+                        Mode::Ctr => both(Direction::Encrypt),
+                        Mode::Cbc | Mode::CbcPkcs7 => {
+                            let multibuf = if chains > 1 {
+                                format!(
+                                    "; batches: {chains}-way multi-buffer, aes crate ({})",
+                                    aes_backend()
+                                )
+                            } else {
+                                String::new()
+                            };
+                            format!(
+                                "encryption: openssl-evp ({evp}){multibuf}; decryption: {}",
+                                both(Direction::Decrypt)
+                            )
                         }
-                        Mode::Cbc | Mode::CbcPkcs7 if chains > 1 => {
-                            format!("{evp}; encryption{multibuf}")
-                        }
-                        _ => evp,
+                        Mode::Gcm => format!("openssl-evp ({evp}; the one implementation)"),
                     };
                     CipherDriver {
                         cipher,
@@ -306,8 +335,8 @@ pub struct CpuLane {
     /// reason as `contexts`); zeroized on drop by the `aes` crate.
     aes_keys: Vec<((KeyId, KeySize), multibuf::AesKey)>,
     chains: usize,
-    /// Whether CTR and CBC decryption go through the `aes` crate (else EVP).
-    parallel: bool,
+    /// Which implementation runs CTR and CBC decryption, per key size and job size.
+    select: Arc<select::Selection>,
     /// CTR's counter and keystream blocks, made on the first CTR job.
     ctr_scratch: Option<Box<parallel::CtrScratch>>,
     /// The core to pin this lane's thread to, if pinning was asked for.
@@ -381,13 +410,22 @@ impl CpuLane {
         })
     }
 
-    /// Runs one job, through the `aes` crate if it is block-parallel and the lane is
-    /// set so, else through EVP (CBC encryption on a chained context; the thread is
-    /// pinned already).
+    /// Whether this job goes to the `aes` crate: it is block-parallel (CTR, CBC
+    /// decryption) and the crate is the faster implementation at its size.
+    #[inline]
+    fn uses_crate(&self, job: &Job) -> bool {
+        self.select
+            .choice(job.cipher, job.direction)
+            .is_some_and(|c| c.uses_crate(job.input.len()))
+    }
+
+    /// Runs one job, through the `aes` crate if it is block-parallel and the crate is
+    /// chosen for it, else through EVP (CBC encryption on a chained context; the
+    /// thread is pinned already).
     #[inline]
     fn run_one(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
         let result = job.validate().and_then(|()| {
-            if self.parallel && is_block_parallel(job.cipher, job.direction) {
+            if self.uses_crate(job) {
                 self.run_parallel(job, keys, out)
             } else if is_cbc_encrypt(job) {
                 self.cbc_chain(job, keys)?.encrypt(job, out)
@@ -699,7 +737,7 @@ impl Lane for CpuLane {
                     Ok(()) => picked.push(k),
                     Err(e) => results[k] = Err(e),
                 }
-            } else if self.parallel && is_block_parallel(job.cipher, job.direction) {
+            } else if self.uses_crate(job) {
                 match job.validate() {
                     Ok(()) => ctr_picked.push(k),
                     Err(e) => {
@@ -1453,11 +1491,11 @@ mod tests {
         }
     }
 
-    /// `Auto` uses the `aes` crate exactly where it has AES instructions (multi-buffer
-    /// included), and the engine's info says which library serves each cipher.
+    /// `Auto` turns multi-buffer on exactly where the CPU has AES instructions and
+    /// measures CTR and CBC decryption; `On` and `Off` force one implementation; the
+    /// engine's info says which serves each cipher and why.
     #[test]
-    fn block_parallel_auto_follows_the_cpu_and_is_reported() {
-        assert_eq!(BlockParallel::Auto.resolve(), aes::hardware_accelerated());
+    fn block_parallel_choice_is_measured_or_forced_and_reported() {
         let auto = CpuEngine::with_lanes(1);
         let width = if aes::hardware_accelerated() {
             DEFAULT_CHAINS
@@ -1472,18 +1510,43 @@ mod tests {
                 .max_batch(),
             1
         );
-        for (parallel, uses_crate) in [(BlockParallel::On, true), (BlockParallel::Off, false)] {
-            let info = CpuEngine::with_lanes(1).block_parallel(parallel).info();
-            for driver in &info.ciphers {
+        let measured = auto
+            .choice(Cipher::AES_256_CTR, Direction::Encrypt)
+            .expect("CTR has two implementations");
+        assert!(!measured.probes.is_empty());
+        // Clones share the measurement.
+        assert_eq!(
+            auto.clone().choice(Cipher::AES_256_CTR, Direction::Decrypt),
+            Some(measured)
+        );
+        assert_eq!(auto.choice(Cipher::AES_128_GCM, Direction::Encrypt), None);
+        assert_eq!(auto.choice(Cipher::AES_128_CBC, Direction::Encrypt), None);
+        for (parallel, name) in [
+            (BlockParallel::On, "aes-crate"),
+            (BlockParallel::Off, "openssl-evp"),
+        ] {
+            let engine = CpuEngine::with_lanes(1).block_parallel(parallel);
+            let choice = engine
+                .choice(Cipher::AES_192_CBC, Direction::Decrypt)
+                .expect("CBC decryption has two implementations");
+            assert!(choice.probes.is_empty(), "{parallel:?} is not measured");
+            for driver in &engine.info().ciphers {
                 let text = &driver.driver;
                 match driver.cipher.mode {
-                    Mode::Gcm => assert!(text.contains("EVP") && !text.contains("aes crate")),
-                    Mode::Ctr => assert_eq!(text.contains("aes crate"), uses_crate, "{text}"),
+                    Mode::Gcm => assert!(text.starts_with("openssl-evp (OpenSSL"), "{text}"),
+                    Mode::Ctr => assert!(text.starts_with(name), "{text}"),
                     Mode::Cbc | Mode::CbcPkcs7 => {
-                        assert!(text.contains("EVP"), "{text}");
-                        assert_eq!(text.contains("decryption aes crate"), uses_crate, "{text}");
+                        assert!(text.starts_with("encryption: openssl-evp"), "{text}");
+                        assert!(text.contains(&format!("decryption: {name}")), "{text}");
                     }
                 }
+            }
+        }
+        // Measured choices name both implementations and a figure for each.
+        for driver in &auto.info().ciphers {
+            if driver.cipher.mode == Mode::Ctr {
+                let text = &driver.driver;
+                assert!(text.contains("measured") && text.contains("GB/s"), "{text}");
             }
         }
     }
