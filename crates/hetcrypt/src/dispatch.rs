@@ -363,6 +363,18 @@ impl Dispatcher {
                     )
                 })
             };
+            let mut ends: Vec<Option<LaneEnd>> = (0..lane_metas.len()).map(|_| None).collect();
+            // One lane and nothing deferred (`only:cpu` on one lane, a provider call):
+            // run it on this thread. A thread's start and join cost tens of
+            // microseconds, more than a batch of a few small jobs.
+            if let ([only], true) = (&lane_metas[..], deferred.is_empty()) {
+                let engine = &self.engines[only.engine];
+                if engine.runs_on_any_thread() {
+                    let _exit = LaneExit(shared);
+                    ends[0] = Some(shared.lane_loop(0, *only, engine, cached[0].take(), true));
+                    return ends;
+                }
+            }
             let mut handles: Vec<_> = (0..lane_metas.len())
                 .filter(|l| !deferred.contains(l))
                 .map(|l| spawn(l, cached[l].take(), true))
@@ -381,7 +393,6 @@ impl Dispatcher {
                     }
                 }
             }
-            let mut ends: Vec<Option<LaneEnd>> = (0..lane_metas.len()).map(|_| None).collect();
             for h in handles {
                 let (l, end) = h.join().expect("lane threads catch their own failures");
                 ends[l] = Some(end);

@@ -300,6 +300,11 @@ impl Engine for CpuEngine {
     fn max_batch(&self) -> usize {
         self.chains()
     }
+
+    /// A pinned lane would pin the caller's thread too.
+    fn runs_on_any_thread(&self) -> bool {
+        !self.pinned
+    }
 }
 
 /// The core lane `index` runs on when pinned, or `None` if the affinity mask cannot be
@@ -489,10 +494,13 @@ impl CpuLane {
                 return;
             }
         };
+        // `group` is in ascending order: walk it beside the outputs (a `contains` per
+        // output was quadratic in the batch width).
+        let mut wanted = group.iter().copied().peekable();
         let messages = outs
             .iter_mut()
             .enumerate()
-            .filter(|(k, _)| group.contains(k))
+            .filter(move |&(k, _)| wanted.next_if_eq(&k).is_some())
             .map(|(k, out)| {
                 let job = jobs[k];
                 size_output(out, job.input.len());

@@ -111,6 +111,14 @@ pub trait Engine: Send + Sync {
         None
     }
 
+    /// Whether a lane may run on the thread that submitted the batch: the dispatcher
+    /// then runs a batch that needs one lane in-line, without starting a thread (a
+    /// thread's start and join cost more than a batch of a few small jobs). False for
+    /// lanes that change their thread (a `cpu` lane pinned to a core).
+    fn runs_on_any_thread(&self) -> bool {
+        true
+    }
+
     /// Whether running a job keeps a host CPU core busy for its whole duration
     /// (true for software; false for an offload device, whose lane mostly waits).
     fn uses_host_cpu(&self) -> bool {
