@@ -22,6 +22,12 @@ const OPENSSL_SIZES: &str = "16,64,256,1024,8192,16384";
 /// The most input bytes one batch holds: enough that a batch outlasts the cost of
 /// starting its lane threads, small enough to keep memory modest at 16 KiB jobs.
 const MAX_BATCH_BYTES: usize = 8 << 20;
+/// The most input bytes one batch holds where a single lane runs it (on the calling
+/// thread: no thread start to outlast): inputs and outputs together stay inside one
+/// core's L2 (1 MiB on the AMD EPYC hosts), as `openssl speed` re-encrypts one warm
+/// buffer. With 8 MiB batches a 1 KiB job read and wrote L3, which cost a third of
+/// one lane's throughput there (issue 23).
+const ONE_LANE_BATCH_BYTES: usize = 256 << 10;
 /// The most jobs one batch holds (bounds the per-job bookkeeping at tiny sizes).
 const MAX_BATCH_JOBS: usize = 16 * 1024;
 /// Jobs in the first batch; batches double until one takes [`BATCH_TIME`].
@@ -86,6 +92,11 @@ pub struct Args {
     /// With --split: runs per lane count (the median is shown).
     #[arg(long, default_value_t = 3, value_parser = parse_count)]
     reps: u32,
+    /// Time by the lanes' CPU time instead of wall time (as `openssl speed` without
+    /// -elapsed does): on a loaded host a lane waiting for a core loses wall time but
+    /// not CPU time.
+    #[arg(long)]
+    cpu_time: bool,
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -112,7 +123,9 @@ struct Cell {
     bytes: u64,
     /// Sum of the batches' wall times (lane start to join).
     seconds: f64,
-    /// `bytes / seconds`.
+    /// Sum of the lanes' CPU times over the batches.
+    cpu_seconds: f64,
+    /// `bytes / seconds`, or `bytes / cpu_seconds` with `--cpu-time`.
     bytes_per_second: f64,
 }
 
@@ -133,6 +146,8 @@ struct SpeedReport {
     cipher: Cipher,
     direction: Direction,
     seconds_per_size: f64,
+    /// Whether rates are per CPU second of the lanes rather than per wall second.
+    cpu_time: bool,
     lanes_per_engine: Option<u16>,
     unavailable: Vec<crate::workload::Unavailable>,
     rows: Vec<Row>,
@@ -228,6 +243,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         cipher,
         direction,
         seconds_per_size: args.seconds,
+        cpu_time: args.cpu_time,
         lanes_per_engine: args.lanes,
         unavailable: set.unavailable,
         rows,
@@ -253,7 +269,13 @@ fn measure(
     if size == 0 {
         bail!("a block size of 0 bytes measures nothing; give sizes of 1 byte or more");
     }
-    let max_jobs = (MAX_BATCH_BYTES / size).clamp(1, MAX_BATCH_JOBS);
+    let lanes: usize = target.dispatcher.engines().iter().map(|e| e.lanes()).sum();
+    let batch_bytes = if lanes == 1 {
+        ONE_LANE_BATCH_BYTES
+    } else {
+        MAX_BATCH_BYTES
+    };
+    let max_jobs = (batch_bytes / size).clamp(1, MAX_BATCH_JOBS);
     let plaintexts = (0..max_jobs)
         .map(|_| random_bytes(size))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -270,32 +292,43 @@ fn measure(
     let goal = Duration::from_secs_f64(args.seconds);
     let batch_goal = BATCH_TIME.min(goal / 10);
     let (mut wall, mut bytes, mut jobs) = (Duration::ZERO, 0u64, 0u64);
+    let mut cpu = Duration::ZERO;
     // Each batch writes into the previous batch's output buffers, as `openssl speed`
     // re-encrypts into one warm buffer: first-touching fresh pages would otherwise be
     // timed as crypto (docs/performance.md).
     let mut spare: Vec<hetcrypt::JobOutput> = Vec::new();
-    while wall < goal {
+    // The clock the size is timed by.
+    let timed = |wall: Duration, cpu: Duration| if args.cpu_time { cpu } else { wall };
+    while timed(wall, cpu) < goal {
         let batch = target.dispatcher.run_reusing(
             &work.jobs[..n],
             target.policy.as_ref(),
             std::mem::take(&mut spare),
         )?;
         work.check(&batch.outputs, &what)?;
+        let lanes_cpu: Duration = batch
+            .report
+            .engines
+            .iter()
+            .flat_map(|e| &e.lanes)
+            .map(|l| l.cpu)
+            .sum();
         wall += batch.report.wall;
+        cpu += lanes_cpu;
         bytes += batch.report.bytes;
         jobs += batch.report.jobs as u64;
-        if batch.report.wall < batch_goal && n < max_jobs {
+        if timed(batch.report.wall, lanes_cpu) < batch_goal && n < max_jobs {
             n = (n * 2).min(max_jobs);
         }
         spare = batch.outputs.into_iter().filter_map(Result::ok).collect();
     }
-    let seconds = wall.as_secs_f64();
     Ok(Cell {
         size,
         jobs,
         bytes,
-        seconds,
-        bytes_per_second: bytes as f64 / seconds,
+        seconds: wall.as_secs_f64(),
+        cpu_seconds: cpu.as_secs_f64(),
+        bytes_per_second: bytes as f64 / timed(wall, cpu).as_secs_f64(),
     })
 }
 
@@ -307,9 +340,16 @@ fn render(report: &SpeedReport, sizes: &[usize]) -> String {
     /// `speed.c` prints values above this in thousands with a `k` suffix.
     const KILO_THRESHOLD: f64 = 10000.0;
     let mut out = format!(
-        "hetcrypt speed: {} {}, {} s per size, timed from lane start to join; every output \
-         checked against the cpu reference\n",
-        report.cipher, report.direction, report.seconds_per_size
+        "hetcrypt speed: {} {}, {} s per size, timed {}; every output checked against the \
+         cpu reference\n",
+        report.cipher,
+        report.direction,
+        report.seconds_per_size,
+        if report.cpu_time {
+            "by the lanes' CPU time"
+        } else {
+            "from lane start to join"
+        }
     );
     for row in &report.rows {
         out.push_str(&format!("  {}: {}\n", row.name, row.engines));
@@ -350,6 +390,7 @@ mod tests {
             cipher: Cipher::AES_128_CBC,
             direction: Direction::Encrypt,
             seconds_per_size: 1.0,
+            cpu_time: false,
             lanes_per_engine: None,
             unavailable: Vec::new(),
             rows: vec![Row {
@@ -361,6 +402,7 @@ mod tests {
                         jobs: 1,
                         bytes: 746_848_910,
                         seconds: 1.0,
+                        cpu_seconds: 1.0,
                         bytes_per_second: 746_848_910.0,
                     },
                     Cell {
@@ -368,6 +410,7 @@ mod tests {
                         jobs: 1,
                         bytes: 5000,
                         seconds: 1.0,
+                        cpu_seconds: 1.0,
                         bytes_per_second: 5000.0,
                     },
                 ],
