@@ -413,10 +413,11 @@ fn check_fail_over(failures: &mut Failures, path: &str, policy: &str, r: &Report
     }
 }
 
-/// Runs `cases` on every engine alone, by lane, lane batch and dispatcher.
+/// Runs `cases` on every engine alone, by lane, lane batch and dispatcher (and on
+/// the `cpu` engine with each of its implementations forced).
 fn check_on_every_engine(suite: &str, cases: &[Case]) {
     let mut failures = Failures::default();
-    for engine in engines() {
+    for engine in engines().into_iter().chain(common::cpu_implementations()) {
         let mut rig = Rig::new(engine);
         let ran = rig.check(cases, &mut failures);
         eprintln!("{suite}: {}: {ran} of {} jobs", rig.name(), cases.len());

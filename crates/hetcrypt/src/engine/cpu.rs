@@ -16,7 +16,7 @@ use openssl::cipher::CipherRef;
 use openssl::cipher_ctx::CipherCtx;
 
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
-use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
+use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput, TAG_LEN};
 use crate::key::{KeyId, KeyStore};
@@ -382,15 +382,67 @@ impl CpuLane {
 
     /// The keyed context for this job, created on first use.
     fn context(&mut self, job: &Job, keys: &KeyStore) -> Result<&mut CipherCtx> {
-        most_recent(
-            &mut self.contexts,
-            (job.key, job.cipher, job.direction),
-            || {
-                keys.with_key(job.key, |key| {
-                    keyed_context(job.cipher, job.direction, key.as_bytes())
-                })?
-            },
-        )
+        self.context_for(job.key, job.cipher, job.direction, keys)
+    }
+
+    /// The keyed context for (key, cipher, direction), created on first use.
+    fn context_for(
+        &mut self,
+        id: KeyId,
+        cipher: Cipher,
+        direction: Direction,
+        keys: &KeyStore,
+    ) -> Result<&mut CipherCtx> {
+        most_recent(&mut self.contexts, (id, cipher, direction), || {
+            keys.with_key(id, |key| keyed_context(cipher, direction, key.as_bytes()))?
+        })
+    }
+
+    /// Runs a raw CTR job, or CBC decryption, straight from the caller's input into
+    /// its output: through the `aes` crate where it is chosen, else (CTR) through EVP;
+    /// `None` where neither applies (CBC on EVP wants a block of room past the
+    /// output, so it goes through a [`Job`]).
+    fn run_raw_direct(
+        &mut self,
+        job: &RawJob<'_>,
+        keys: &KeyStore,
+        out: &mut [u8],
+    ) -> Option<Result<()>> {
+        let len = job.input.len();
+        let uses_crate = self
+            .select
+            .choice(job.cipher, job.direction)
+            .is_some_and(|c| c.uses_crate(len));
+        if uses_crate {
+            let key = match aes_key(&mut self.aes_keys, job.key, job.cipher, keys) {
+                Ok(key) => key,
+                Err(e) => return Some(Err(e)),
+            };
+            if job.cipher.mode == Mode::Ctr {
+                let scratch = self
+                    .ctr_scratch
+                    .get_or_insert_with(parallel::CtrScratch::new);
+                parallel::ctr(key, job.iv, job.input, out, scratch);
+            } else {
+                parallel::cbc_decrypt(key, job.iv, job.input, out);
+            }
+            return Some(Ok(()));
+        }
+        if job.cipher.mode != Mode::Ctr {
+            return None;
+        }
+        Some((|| {
+            let ctx = self.context_for(job.key, job.cipher, job.direction, keys)?;
+            match job.direction {
+                Direction::Encrypt => ctx.encrypt_init(None, None, Some(&job.iv))?,
+                Direction::Decrypt => ctx.decrypt_init(None, None, Some(&job.iv))?,
+            }
+            // CTR is a stream: EVP writes exactly the input's length, and the openssl
+            // crate asks for no room beyond it (its block size is 1).
+            let written = ctx.cipher_update(job.input, Some(out))?;
+            debug_assert_eq!(written, len);
+            Ok(())
+        })())
     }
 
     /// The chained CBC encryption context for this job's key, created on first use.
@@ -707,6 +759,35 @@ impl Lane for CpuLane {
     fn run(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
         self.pin()?;
         self.run_one(job, keys, out)
+    }
+
+    /// CTR either way, and CBC decryption where the `aes` crate runs it, read the
+    /// caller's input and write its output with no copy and no allocation (what the
+    /// OpenSSL provider hands a lane per call); CBC on EVP goes through a [`Job`].
+    fn run_raw(&mut self, job: &RawJob<'_>, keys: &KeyStore, out: &mut [u8]) -> Result<()> {
+        self.pin()?;
+        let len = job.input.len();
+        let whole_blocks = job.cipher.mode == Mode::Ctr || len.is_multiple_of(BLOCK_LEN);
+        if !matches!(job.cipher.mode, Mode::Cbc | Mode::Ctr) || out.len() != len || !whole_blocks {
+            return Err(Error::InputLength {
+                cipher: job.cipher,
+                len,
+            });
+        }
+        if let Some(result) = self.run_raw_direct(job, keys, out) {
+            return result;
+        }
+        let owned = Job::new(
+            job.cipher,
+            job.direction,
+            job.key,
+            job.iv,
+            job.input.to_vec(),
+        );
+        let mut result = JobOutput::default();
+        self.run_one(&owned, keys, &mut result)?;
+        out.copy_from_slice(&result.data);
+        Ok(())
     }
 
     /// Drops the keyed contexts and expanded keys of removed keys (the `aes` crate's
@@ -1556,6 +1637,100 @@ mod tests {
                 let text = &driver.driver;
                 assert!(text.contains("measured") && text.contains("GB/s"), "{text}");
             }
+        }
+    }
+
+    /// Raw CTR and CBC jobs (the provider's path) at every input and output alignment
+    /// within a block, lengths from empty to past a 64-block group, every key size and
+    /// both directions, give OpenSSL's one-shot output on every implementation (the
+    /// `aes` crate, EVP, and the measured choice).
+    #[test]
+    fn raw_jobs_match_openssl_at_every_alignment() {
+        let keys = KeyStore::new();
+        let key_bytes = [bytes(11, 16), bytes(12, 24), bytes(13, 32)];
+        let ids: Vec<KeyId> = key_bytes
+            .iter()
+            .map(|k| keys.add(Key::new(k.clone())).unwrap())
+            .collect();
+        let lens = [0usize, 1, 15, 16, 17, 100, 1024, 1041, 4096 + 16];
+        for parallel in [BlockParallel::On, BlockParallel::Off, BlockParallel::Auto] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for (k, &size) in [KeySize::Aes128, KeySize::Aes192, KeySize::Aes256]
+                .iter()
+                .enumerate()
+            {
+                for mode in [Mode::Ctr, Mode::Cbc] {
+                    for direction in [Direction::Encrypt, Direction::Decrypt] {
+                        for (i, &len) in lens.iter().enumerate() {
+                            let len = if mode == Mode::Cbc {
+                                len / BLOCK_LEN * BLOCK_LEN
+                            } else {
+                                len
+                            };
+                            for at in 0..BLOCK_LEN {
+                                let out_at = (at * 7 + i) % BLOCK_LEN;
+                                let data = bytes(at + 31 * i, len + at);
+                                let iv = u128::MAX.wrapping_sub((at * 3) as u128).to_be_bytes();
+                                let job = RawJob {
+                                    cipher: Cipher::new(size, mode),
+                                    direction,
+                                    key: ids[k],
+                                    iv,
+                                    input: &data[at..],
+                                };
+                                let mut buf = vec![0xee; len + out_at];
+                                lane.run_raw(&job, &keys, &mut buf[out_at..])
+                                    .unwrap_or_else(|e| panic!("{parallel:?} {e}"));
+                                let owned = Job::new(
+                                    job.cipher,
+                                    direction,
+                                    job.key,
+                                    iv,
+                                    data[at..].to_vec(),
+                                );
+                                assert_eq!(
+                                    buf[out_at..],
+                                    reference_any(&owned, &key_bytes[k]).unwrap()[..],
+                                    "{parallel:?} {} {direction} {len} bytes, input at +{at}, \
+                                     output at +{out_at}",
+                                    job.cipher
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            // Lengths that are not whole blocks for CBC, or an output of another
+            // length, are refused before any work.
+            let input = [0u8; 17];
+            let mut out = [0u8; 17];
+            let cbc = RawJob {
+                cipher: Cipher::AES_128_CBC,
+                direction: Direction::Decrypt,
+                key: ids[0],
+                iv: [0; 16],
+                input: &input,
+            };
+            assert!(matches!(
+                lane.run_raw(&cbc, &keys, &mut out),
+                Err(Error::InputLength { len: 17, .. })
+            ));
+            let ctr = RawJob {
+                cipher: Cipher::AES_128_CTR,
+                ..cbc
+            };
+            assert!(matches!(
+                lane.run_raw(&ctr, &keys, &mut out[..16]),
+                Err(Error::InputLength { .. })
+            ));
+            let unknown = RawJob {
+                key: KeyId(999),
+                ..ctr
+            };
+            assert!(matches!(
+                lane.run_raw(&unknown, &keys, &mut out),
+                Err(Error::UnknownKey(999))
+            ));
         }
     }
 

@@ -46,6 +46,25 @@ pub fn soft_profile() -> bool {
     std::env::var("HETCRYPT_TESTBED_PROFILE").is_ok_and(|p| p == "soft")
 }
 
+/// One-lane `cpu` engines with each implementation of CTR and CBC decryption forced
+/// (the `aes` crate, EVP), so that the known-answer and differential suites cover
+/// both whichever the engine measures faster on this CPU (issue 23).
+pub fn cpu_implementations() -> Vec<EngineRef> {
+    use hetcrypt::engine::cpu::BlockParallel;
+    [
+        ("cpu:aes-crate", BlockParallel::On),
+        ("cpu:openssl-evp", BlockParallel::Off),
+    ]
+    .into_iter()
+    .map(|(name, parallel)| {
+        CpuEngine::with_lanes(1)
+            .block_parallel(parallel)
+            .named(name)
+            .into_engine()
+    })
+    .collect()
+}
+
 /// Every engine to test: `cpu` with one lane and with [`MANY_LANES`], then the kernel
 /// and `/dev/crypto` engines that open here. An engine that does not open is noted on
 /// stderr with its reason; in the testbed it fails the test instead, except
@@ -535,7 +554,7 @@ impl Rig {
 /// every mismatch found.
 pub fn check_everywhere(suite: &str, cases: &[Case]) {
     let mut failures = Failures::default();
-    for engine in engines() {
+    for engine in engines().into_iter().chain(cpu_implementations()) {
         let mut rig = Rig::new(engine);
         let ran = rig.check(cases, &mut failures);
         eprintln!(
