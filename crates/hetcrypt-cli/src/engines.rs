@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use hetcrypt::engine::{CipherDriver, EngineInfo};
+use hetcrypt::engine::{CipherDriver, EngineInfo, EngineKind};
 use serde::Serialize;
 
 use crate::output::Grid;
@@ -43,7 +43,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The table: one row per engine and cipher, then the unavailable engines.
+/// The table: one row per engine and cipher, then, per `cpu` engine, which
+/// implementation serves each cipher and why (too long for a table cell: the figures
+/// that chose between the `aes` crate and EVP), then the unavailable engines.
 fn render(listing: &Listing) -> String {
     let mut grid = Grid::new([
         "ENGINE", "KIND", "LANES", "CIPHER", "DRIVER", "PRIORITY", "MODULE", "ASYNC",
@@ -68,7 +70,13 @@ fn render(listing: &Listing) -> String {
                     String::new()
                 },
                 c.cipher.to_string(),
-                c.driver.clone(),
+                if info.kind == EngineKind::Cpu {
+                    // The implementation's name; the reason follows the table.
+                    let name = c.driver.split(" (").next().unwrap_or_default();
+                    format!("{name} (why: below)")
+                } else {
+                    c.driver.clone()
+                },
                 c.priority
                     .map_or_else(|| "-".to_string(), |p| p.to_string()),
                 c.module.clone().unwrap_or_else(|| "-".to_string()),
@@ -97,6 +105,16 @@ fn render(listing: &Listing) -> String {
         m.openssl
     );
     out.push_str(&grid.plain());
+    for info in listing.engines.iter().filter(|i| i.kind == EngineKind::Cpu) {
+        out.push_str(&format!(
+            "\n{}: the implementation of each cipher, and why (CTR and CBC decryption: \
+             the faster of the aes crate and OpenSSL EVP, measured at first use):\n",
+            info.name
+        ));
+        for c in &info.ciphers {
+            out.push_str(&format!("  {:<18} {}\n", c.cipher.to_string(), c.driver));
+        }
+    }
     if !listing.unavailable.is_empty() {
         out.push_str("\nUnavailable:\n");
         for u in &listing.unavailable {

@@ -74,3 +74,40 @@ fn table_shows_cpu_rows_and_unavailable_reasons() {
         assert!(text.contains(&line), "missing '{line}' in:\n{text}");
     }
 }
+
+/// The `cpu` engine says which implementation serves each cipher and why: CTR and
+/// CBC decryption name the faster of the aes crate and EVP with the measured figures,
+/// GCM its one implementation (issue 23).
+#[test]
+fn cpu_says_which_implementation_serves_each_cipher_and_why() {
+    let text = ok(&["engines"]);
+    let why: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("cpu: the implementation of each cipher"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(why.len(), 12, "{text}");
+    for line in &why {
+        let (cipher, reason) = line.trim().split_once(' ').unwrap();
+        let reason = reason.trim();
+        if cipher.contains("ctr") {
+            assert!(
+                reason.starts_with("aes-crate (measured ")
+                    || reason.starts_with("openssl-evp (measured "),
+                "{line}"
+            );
+            assert!(
+                reason.contains("GB/s vs ") && reason.contains(" at 16 KiB"),
+                "{line}"
+            );
+        } else if cipher.contains("cbc") {
+            assert!(
+                reason.contains("decryption: ") && reason.contains("measured"),
+                "{line}"
+            );
+        } else {
+            assert!(reason.starts_with("openssl-evp ("), "{line}");
+        }
+    }
+}
