@@ -22,12 +22,13 @@ use crate::job::{Job, JobOutput, TAG_LEN};
 use crate::key::{KeyId, KeyStore};
 
 pub use multibuf::MAX_CHAINS;
-pub use select::{Choice, Implementation, Probe};
+pub use select::{ChainsChoice, Choice, Implementation, Probe, CHAIN_WIDTHS};
 
-/// How many CBC messages a lane encrypts in lockstep by default. Measured on our
-/// host (docs/performance.md, `chains` sweep): 4 chains reach ~3.5x one chain, 8 reach
-/// 4.7-4.9x (1 KiB and 16 KiB jobs), 12 and 16 no more; wider batches also make a lane
-/// hold more jobs at once, which coarsens the load balance between engines.
+/// A multi-buffer width that works well everywhere measured so far, the fallback if
+/// the probe cannot run. On the first (Intel) host 4 chains reached ~3.5x one chain, 8
+/// reached 4.7-4.9x, 12 and 16 no more (docs/performance.md, `chains` sweep); on the
+/// AMD EPYC hosts 16 ran ~30% faster than 8, so engines now measure the width at first
+/// use among [`CHAIN_WIDTHS`] (see `select.rs`).
 pub const DEFAULT_CHAINS: usize = 8;
 
 /// The OpenSSL cipher for one of ours.
@@ -100,10 +101,11 @@ pub struct CpuEngine {
     name: String,
     lanes: usize,
     pinned: bool,
-    chains: usize,
+    /// The multi-buffer width set by [`CpuEngine::multibuffer`], or `None` to measure.
+    chains: Option<usize>,
     parallel: BlockParallel,
-    /// Which implementation runs CTR and CBC decryption, measured once per engine and
-    /// shared by its clones and lanes.
+    /// Which implementation runs CTR and CBC decryption, measured once per process and
+    /// shared by every engine left to measure.
     select: Arc<select::Selection>,
 }
 
@@ -127,9 +129,9 @@ impl CpuEngine {
             name: "cpu".to_string(),
             lanes: lanes.max(1),
             pinned: false,
-            chains: DEFAULT_CHAINS,
+            chains: None,
             parallel: BlockParallel::Auto,
-            select: Arc::new(select::Selection::new(None)),
+            select: select::Selection::new(None),
         }
     }
 
@@ -147,17 +149,24 @@ impl CpuEngine {
     }
 
     /// Sets how many CBC messages a lane encrypts in lockstep (1 to [`MAX_CHAINS`];
-    /// 1 turns multi-buffer off and every job goes through EVP alone).
+    /// 1 turns multi-buffer off and every job goes through EVP alone). Unset, the
+    /// engine measures the fastest of [`CHAIN_WIDTHS`] at first use.
     pub fn multibuffer(mut self, chains: usize) -> Self {
-        self.chains = chains.clamp(1, MAX_CHAINS);
+        self.chains = Some(chains.clamp(1, MAX_CHAINS));
         self
+    }
+
+    /// The measured multi-buffer width and its figures, where the width was left to
+    /// measurement and the CPU runs multi-buffer (measuring now if not yet done).
+    pub fn multibuffer_choice(&self) -> Option<ChainsChoice> {
+        (self.chains.is_none() && self.parallel.multibuffer()).then(|| self.select.chains().clone())
     }
 
     /// Sets who runs CTR, CBC decryption and multi-buffer CBC encryption (default
     /// [`BlockParallel::Auto`]).
     pub fn block_parallel(mut self, parallel: BlockParallel) -> Self {
         self.parallel = parallel;
-        self.select = Arc::new(select::Selection::new(parallel.forced()));
+        self.select = select::Selection::new(parallel.forced());
         self
     }
 
@@ -173,7 +182,7 @@ impl CpuEngine {
     /// 1 (EVP one job at a time) where it does not.
     fn chains(&self) -> usize {
         if self.parallel.multibuffer() {
-            self.chains
+            self.chains.unwrap_or_else(|| self.select.chains().chains)
         } else {
             1
         }
@@ -257,8 +266,11 @@ impl Engine for CpuEngine {
                         Mode::Ctr => both(Direction::Encrypt),
                         Mode::Cbc | Mode::CbcPkcs7 => {
                             let multibuf = if chains > 1 {
+                                let why = self
+                                    .multibuffer_choice()
+                                    .map_or_else(String::new, |c| format!(" ({c})"));
                                 format!(
-                                    "; batches: {chains}-way multi-buffer, aes crate ({})",
+                                    "; batches: {chains}-way multi-buffer, aes crate ({}){why}",
                                     aes_backend()
                                 )
                             } else {
@@ -1586,13 +1598,19 @@ mod tests {
     #[test]
     fn block_parallel_choice_is_measured_or_forced_and_reported() {
         let auto = CpuEngine::with_lanes(1);
-        let width = if aes::hardware_accelerated() {
-            DEFAULT_CHAINS
+        let width = auto.max_batch();
+        if aes::hardware_accelerated() {
+            let measured = auto.multibuffer_choice().expect("multi-buffer is on");
+            assert_eq!(measured.chains, width);
+            assert!(CHAIN_WIDTHS.contains(&width), "{width}");
+            assert_eq!(measured.probes.len(), CHAIN_WIDTHS.len());
         } else {
-            1
-        };
-        assert_eq!(auto.max_batch(), width);
+            assert_eq!(width, 1);
+        }
         assert_eq!(auto.lane(0).chains, width);
+        // A width set by hand is not measured.
+        let set = CpuEngine::with_lanes(1).multibuffer(4);
+        assert_eq!(set.multibuffer_choice(), None);
         assert_eq!(
             CpuEngine::with_lanes(1)
                 .block_parallel(BlockParallel::Off)

@@ -8,10 +8,14 @@
 //! some runs. So the first job of each (mode, key size) on an engine times both on
 //! jobs of a few sizes, in alternating rounds, and keeps the faster one per size band;
 //! `hetcrypt engines` prints the figures. The probe costs about a millisecond per
-//! (mode, key size), once per engine (clones share it).
+//! (mode, key size), once per process: it measures the CPU, which every engine shares.
+//!
+//! The multi-buffer width of CBC encryption is chosen the same way: the first engine
+//! that needs it times lockstep batches of each width in [`CHAIN_WIDTHS`] and keeps the
+//! fastest (8 won on the Intel host, 16 on the AMD EPYC ones).
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
@@ -34,6 +38,25 @@ const MIN_ROUND_JOBS: usize = 8;
 /// Timed rounds per implementation and size, alternating which goes first; the best
 /// round counts (a round that was preempted on a shared host only ever looks slower).
 const ROUNDS: usize = 3;
+
+/// Multi-buffer widths the probe chooses from. Powers of two up to [`MAX_CHAINS`]:
+/// fewer than 4 chains leave the AES unit idle on every x86 measured; a wider batch
+/// also makes a lane hold more jobs at once (coarser balance between engines), so the
+/// narrower of two widths within [`WIDTH_TOLERANCE`] of each other wins.
+///
+/// [`MAX_CHAINS`]: super::MAX_CHAINS
+pub const CHAIN_WIDTHS: [usize; 3] = [4, 8, 16];
+
+/// How much faster a wider multi-buffer width must be to be chosen over a narrower one.
+const WIDTH_TOLERANCE: f64 = 1.05;
+
+/// The job size of the width probe: 1 KiB, where the fixed cost per job and the AES
+/// both show (widths that won at 1 KiB also won at 16 KiB in every sweep).
+const WIDTH_PROBE_SIZE: usize = 1024;
+
+/// Jobs per timed round of the width probe: a multiple of every width in
+/// [`CHAIN_WIDTHS`], 128 KiB of input.
+const WIDTH_PROBE_JOBS: usize = 128;
 
 /// One implementation of the block-parallel modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +211,43 @@ fn size_name(size: usize) -> String {
     }
 }
 
+/// The multi-buffer width an engine measured, with each width's throughput.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainsChoice {
+    /// The width lanes use.
+    pub chains: usize,
+    /// (width, bytes per second) for each width tried, narrowest first; empty if the
+    /// probe could not run and the width is [`super::DEFAULT_CHAINS`].
+    pub probes: Vec<(usize, f64)>,
+}
+
+impl ChainsChoice {
+    /// The narrowest width within [`WIDTH_TOLERANCE`] of the fastest.
+    pub fn from_probes(probes: Vec<(usize, f64)>) -> Self {
+        let best = probes.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+        let chains = probes
+            .iter()
+            .find(|&&(_, r)| r * WIDTH_TOLERANCE >= best)
+            .map_or(super::DEFAULT_CHAINS, |&(w, _)| w);
+        ChainsChoice { chains, probes }
+    }
+}
+
+impl fmt::Display for ChainsChoice {
+    /// E.g. "measured 16-way 10.4 GB/s, 8-way 7.9 GB/s, 4-way 5.1 GB/s on 1 KiB jobs".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.probes.is_empty() {
+            return f.write_str("the default width, not measured");
+        }
+        f.write_str("measured")?;
+        for (i, (w, r)) in self.probes.iter().rev().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(f, "{sep}{w}-way {:.1} GB/s", r / 1e9)?;
+        }
+        write!(f, " on {} jobs", size_name(WIDTH_PROBE_SIZE))
+    }
+}
+
 /// The (mode, key size) classes with two implementations: CTR and CBC decryption
 /// (with or without padding: the padding is removed after the same block work).
 const CLASSES: usize = 2 * KeySize::ALL.len();
@@ -220,13 +280,28 @@ pub(crate) struct Selection {
     measured: [OnceLock<Choice>; CLASSES],
 }
 
+/// The multi-buffer width, measured once per process.
+static CHAINS: OnceLock<ChainsChoice> = OnceLock::new();
+
+/// The measuring selection every engine left to measure shares.
+static MEASURED: OnceLock<Arc<Selection>> = OnceLock::new();
+
 impl Selection {
-    /// A selection that measures (`None`) or always uses one implementation.
-    pub(crate) fn new(forced: Option<Implementation>) -> Self {
-        Selection {
-            forced,
-            measured: Default::default(),
+    /// A selection that always uses one implementation, or (`None`) the process's
+    /// measuring one.
+    pub(crate) fn new(forced: Option<Implementation>) -> Arc<Self> {
+        match forced {
+            None => Arc::clone(MEASURED.get_or_init(|| Arc::new(Selection::default()))),
+            Some(_) => Arc::new(Selection {
+                forced,
+                measured: Default::default(),
+            }),
         }
+    }
+
+    /// The multi-buffer width, measured on the first call in this process.
+    pub(crate) fn chains(&self) -> &'static ChainsChoice {
+        CHAINS.get_or_init(measure_chains)
     }
 
     /// The choice for a block-parallel cipher and direction (measured on the first
@@ -290,6 +365,71 @@ fn measure(class: usize) -> Choice {
     Choice::from_probes(probes)
 }
 
+/// Times lockstep CBC encryption of [`WIDTH_PROBE_JOBS`] 1 KiB jobs at each width.
+fn measure_chains() -> ChainsChoice {
+    use super::{BlockParallel, CpuEngine};
+    use crate::engine::Lane;
+    let keys = KeyStore::new();
+    // Probe data, not a secret.
+    let Ok(id) = keys.add(Key::new(vec![0x5a; KeySize::Aes128.key_len()])) else {
+        return ChainsChoice::from_probes(Vec::new());
+    };
+    let jobs: Vec<Job> = (0..WIDTH_PROBE_JOBS)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CBC,
+                Direction::Encrypt,
+                id,
+                [i as u8; BLOCK_LEN],
+                vec![0xa5; WIDTH_PROBE_SIZE],
+            )
+        })
+        .collect();
+    let mut lanes: Vec<(usize, super::CpuLane)> = CHAIN_WIDTHS
+        .iter()
+        .map(|&w| {
+            let engine = CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::On)
+                .multibuffer(w);
+            (w, engine.lane(0))
+        })
+        .collect();
+    let mut outs = vec![JobOutput::default(); WIDTH_PROBE_JOBS];
+    let mut results: Vec<crate::Result<()>> = (0..WIDTH_PROBE_JOBS).map(|_| Ok(())).collect();
+    let mut best = vec![Duration::MAX; lanes.len()];
+    // One untimed pass each (expanded keys, output buffers), then timed rounds in an
+    // order that rotates.
+    for round in 0..=ROUNDS {
+        for k in 0..lanes.len() {
+            let k = (k + round) % lanes.len();
+            let (width, lane) = &mut lanes[k];
+            let start = Instant::now();
+            for ((chunk, outs), results) in jobs
+                .chunks(*width)
+                .zip(outs.chunks_mut(*width))
+                .zip(results.chunks_mut(*width))
+            {
+                let refs: Vec<&Job> = chunk.iter().collect();
+                lane.run_batch(&refs, &keys, outs, results);
+            }
+            if results.iter().any(Result::is_err) {
+                return ChainsChoice::from_probes(Vec::new());
+            }
+            if round > 0 {
+                best[k] = best[k].min(start.elapsed());
+            }
+        }
+    }
+    let bytes = (WIDTH_PROBE_JOBS * WIDTH_PROBE_SIZE) as f64;
+    ChainsChoice::from_probes(
+        lanes
+            .iter()
+            .zip(best)
+            .map(|((w, _), d)| (*w, bytes / d.as_secs_f64().max(f64::MIN_POSITIVE)))
+            .collect(),
+    )
+}
+
 /// A one-lane `cpu` lane that always uses `implementation` for the block-parallel
 /// modes.
 fn forced_lane(implementation: Implementation) -> super::CpuLane {
@@ -342,6 +482,21 @@ mod tests {
     }
 
     #[test]
+    fn narrowest_width_near_the_fastest_wins() {
+        let c = ChainsChoice::from_probes(vec![(4, 5e9), (8, 7.9e9), (16, 10.4e9)]);
+        assert_eq!(c.chains, 16);
+        assert_eq!(
+            c.to_string(),
+            "measured 16-way 10.4 GB/s, 8-way 7.9 GB/s, 4-way 5.0 GB/s on 1 KiB jobs"
+        );
+        // Within 5% of the fastest: the narrower width keeps the balance finer.
+        let c = ChainsChoice::from_probes(vec![(4, 5e9), (8, 9.9e9), (16, 10.2e9)]);
+        assert_eq!(c.chains, 8);
+        let c = ChainsChoice::from_probes(Vec::new());
+        assert_eq!(c.chains, crate::engine::cpu::DEFAULT_CHAINS);
+    }
+
+    #[test]
     fn ties_and_no_probes_go_to_evp() {
         assert_eq!(probe(64, 1.0, 1.0).winner(), Evp);
         assert_eq!(Choice::from_probes(Vec::new()), Choice::forced(Evp));
@@ -390,6 +545,7 @@ mod tests {
     #[test]
     fn measurement_probes_every_size_once() {
         let selection = Selection::new(None);
+        assert!(Arc::ptr_eq(&selection, &Selection::new(None)), "shared");
         let first = selection
             .choice(Cipher::AES_128_CTR, Direction::Encrypt)
             .expect("CTR is block-parallel")
