@@ -5,9 +5,13 @@
 //! `openssl speed -evp` times, in-process so no subprocess noise), one `cpu` lane
 //! running one job at a time (`Lane::run`), the same lane given batches
 //! (`Lane::run_batch`, the engine's batch width), and a dispatcher with one `cpu`
-//! lane under `only:cpu` reusing its outputs (what `hetcrypt speed` times). Throughput
-//! is in bytes of input per second; the ratio columns are each path over the EVP loop,
-//! median of the per-round ratios. Custom harness (`harness = false`) for the same
+//! lane under `only:cpu` reusing its outputs (what `hetcrypt speed` times, plus the
+//! batch's planning and ordering on the caller). Throughput is in bytes of input per
+//! second of process CPU time (this host is shared: a waiting process loses wall time,
+//! not CPU time); the ratio columns are each path over the EVP loop, median of the
+//! per-round ratios. The EVP loop pays rust-openssl's checks per call, so at 16 B it
+//! runs at about a third of `openssl speed`'s figure; `scripts/speed-compare` compares
+//! with `openssl speed` itself. Custom harness (`harness = false`) for the same
 //! reason as `targets.rs`: the figures that count are same-run ratios.
 //!
 //! ```text
