@@ -190,15 +190,30 @@ impl fmt::Display for Choice {
             };
             write!(
                 f,
-                "{}{} {:.1} GB/s vs {other} {:.1} GB/s at {}",
+                "{}{} {} vs {other} {} at {}",
                 if i == 0 { " " } else { "; " },
                 p.winner(),
-                win / 1e9,
-                lose / 1e9,
+                rate_name(win),
+                rate_name(lose),
                 size_name(p.size)
             )?;
         }
         f.write_str(")")
+    }
+}
+
+/// "12.3 GB/s", or "45 MB/s" below 1 GB/s (an emulated or slow CPU), or "0.12 MB/s".
+fn rate_name(bytes_per_second: f64) -> String {
+    /// Rates are printed in GB/s from here up, in MB/s below.
+    const GIGA: f64 = 1e9;
+    /// MB/s with two decimals below this, none from it.
+    const MEGA: f64 = 1e6;
+    if bytes_per_second >= GIGA {
+        format!("{:.1} GB/s", bytes_per_second / GIGA)
+    } else if bytes_per_second >= MEGA {
+        format!("{:.0} MB/s", bytes_per_second / MEGA)
+    } else {
+        format!("{:.2} MB/s", bytes_per_second / MEGA)
     }
 }
 
@@ -242,7 +257,7 @@ impl fmt::Display for ChainsChoice {
         f.write_str("measured")?;
         for (i, (w, r)) in self.probes.iter().rev().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{w}-way {:.1} GB/s", r / 1e9)?;
+            write!(f, "{sep}{w}-way {}", rate_name(*r))?;
         }
         write!(f, " on {} jobs", size_name(WIDTH_PROBE_SIZE))
     }
@@ -492,6 +507,12 @@ mod tests {
         // Within 5% of the fastest: the narrower width keeps the balance finer.
         let c = ChainsChoice::from_probes(vec![(4, 5e9), (8, 9.9e9), (16, 10.2e9)]);
         assert_eq!(c.chains, 8);
+        // Slow CPUs (an emulated guest) get MB/s, not "0.0 GB/s".
+        let c = ChainsChoice::from_probes(vec![(4, 45e6), (8, 2.5e9), (16, 0.12e6)]);
+        assert_eq!(
+            c.to_string(),
+            "measured 16-way 0.12 MB/s, 8-way 2.5 GB/s, 4-way 45 MB/s on 1 KiB jobs"
+        );
         let c = ChainsChoice::from_probes(Vec::new());
         assert_eq!(c.chains, crate::engine::cpu::DEFAULT_CHAINS);
     }
