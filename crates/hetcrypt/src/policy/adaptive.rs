@@ -68,10 +68,10 @@ type ModelKey = (usize, Cipher, Direction, usize);
 /// from.
 #[derive(Debug, Default)]
 struct Knowledge {
-    /// The engines measured so far (name, lanes), in the order first seen. The model is
-    /// keyed by position here, so a batch finds its estimates without building owned
-    /// keys.
-    engines: Vec<(String, usize)>,
+    /// The engines measured so far (name, lanes, batches since it last re-measured a
+    /// class), in the order first seen. The model is keyed by position here, so a batch
+    /// finds its estimates without building owned keys.
+    engines: Vec<(String, usize, u32)>,
     costs: HashMap<ModelKey, Estimate>,
     /// The calibration of this machine, if the policy was given one.
     seed: Option<Arc<Calibration>>,
@@ -110,11 +110,11 @@ impl Knowledge {
         match self
             .engines
             .iter()
-            .position(|(n, l)| n == name && *l == lanes)
+            .position(|(n, l, _)| n == name && *l == lanes)
         {
             Some(id) => id,
             None => {
-                self.engines.push((name.to_string(), lanes));
+                self.engines.push((name.to_string(), lanes, 0));
                 self.engines.len() - 1
             }
         }
@@ -300,7 +300,9 @@ struct AdaptiveSchedule {
     gains: Vec<Option<f64>>,
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
-    /// Per engine: whether it has re-measured a class in this batch.
+    /// Per engine: whether it may re-measure a class in this batch (see
+    /// [`model::REMEASURE_EVERY`]), and whether it has.
+    remeasure_due: Vec<bool>,
     remeasured: Vec<AtomicBool>,
     /// Per engine: pulls started (an engine that started none learned nothing).
     starts: Vec<AtomicU64>,
@@ -410,7 +412,7 @@ impl AdaptiveSchedule {
         for l in plan.lanes {
             lanes[l.engine] += 1;
         }
-        let (ids, estimates, gains) = {
+        let (ids, estimates, gains, remeasure_due) = {
             let mut known = lock(&learned);
             let ids: Vec<usize> = plan
                 .engines
@@ -425,12 +427,17 @@ impl AdaptiveSchedule {
                     gains.push(known.gain(id, c, d, b));
                 }
             }
-            (ids, estimates, gains)
+            let due = ids
+                .iter()
+                .map(|&id| known.engines[id].2 >= model::REMEASURE_EVERY)
+                .collect();
+            (ids, estimates, gains, due)
         };
         AdaptiveSchedule {
             probes: (0..n_engines * classes.len())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
+            remeasure_due,
             remeasured: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             classes,
@@ -741,7 +748,7 @@ impl View for AdaptiveSchedule {
     }
 
     fn may_remeasure(&self, e: usize) -> bool {
-        !self.remeasured[e].load(Ordering::Relaxed)
+        self.remeasure_due[e] && !self.remeasured[e].load(Ordering::Relaxed)
     }
 }
 
@@ -807,6 +814,12 @@ impl Drop for AdaptiveSchedule {
     fn drop(&mut self) {
         let mut known = lock(&self.learned);
         for (e, &id) in self.ids.iter().enumerate() {
+            let since = &mut known.engines[id].2;
+            *since = if *self.remeasured[e].get_mut() {
+                0
+            } else {
+                since.saturating_add(1)
+            };
             // Only an engine's own lanes book its estimates: one that timed no pull
             // (left out of the batch) learned nothing new.
             if self.starts[e].load(Ordering::Acquire) == 0 {
