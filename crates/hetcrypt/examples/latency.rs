@@ -1,5 +1,6 @@
 //! How long a kernel-engine request takes by its place after a pause: the evidence
-//! behind `adaptive`'s warm-up pulls (`model::WARM_UP_PULLS`).
+//! behind the calibration's warm-up of each point (`calibration::measure`,
+//! `WARM_UP_TIME`), whose costs `adaptive` starts from.
 //!
 //! For each pause, `ROUNDS` times: sleep the pause, then send `REQUESTS` requests back
 //! to back on one lane, timing each; prints the median time of the 1st, 2nd, ...

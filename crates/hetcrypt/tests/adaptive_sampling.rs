@@ -1,6 +1,6 @@
-//! `adaptive` times a batch left to one engine in spans of pulls, each span a sample:
-//! one stall inside the batch (a lane descheduled, a host hiccup) moves the engine's
-//! estimate no more than one stalled pull would, instead of setting it.
+//! `adaptive` times a batch left to one engine one pull in `STREAK_SAMPLE`, each such
+//! pull a sample: one stall inside the batch (a lane descheduled, a host hiccup) moves
+//! the engine's estimate no more than one stalled pull would, instead of setting it.
 //!
 //! The engine under test wraps `cpu` (a test engine): its lane sleeps once, on a job
 //! chosen by the test, and runs every job as `cpu` does otherwise.
@@ -11,7 +11,7 @@
 //! `OUTLIER_CAP` times it) is pure arithmetic, tested in `policy::adaptive::model`
 //! (`one_stall_barely_moves_an_estimate_but_a_load_change_comes_through`); how much the
 //! estimate moves in wall time on a real host is a benchmark's question, not a
-//! correctness test's (a loaded machine slows the other spans too).
+//! correctness test's (a loaded machine slows the other pulls too).
 
 mod common;
 
@@ -28,7 +28,7 @@ use hetcrypt::{Cipher, Direction, Dispatcher, Job, JobOutput, KeyStore, Result};
 /// The stall: ~100,000 times a 16-byte job on the CPU, more than the whole batch.
 const STALL: Duration = Duration::from_millis(200);
 
-/// Jobs per batch, one a pull: the run is booked in a handful of spans.
+/// Jobs per batch, one a pull: the run is booked as dozens of samples.
 const JOBS: usize = 400;
 
 /// `cpu` with one lane that sleeps [`STALL`] on its next job once `armed` is set.
@@ -105,7 +105,7 @@ fn one_stall_in_a_batch_left_to_one_engine_is_one_sample_of_many() {
         let r = d.run(&jobs, &adaptive).unwrap();
         assert!(r.outputs.iter().all(|o| o.is_ok()));
     }
-    // Spans are cut by pulls counted, not by time: a batch's samples are a count.
+    // Samples are pulls counted, not times: a batch's samples are a count.
     let start = samples(&adaptive);
     let r = d.run(&jobs, &adaptive).unwrap();
     assert!(r.outputs.iter().all(|o| o.is_ok()));
@@ -118,7 +118,7 @@ fn one_stall_in_a_batch_left_to_one_engine_is_one_sample_of_many() {
     let stalled = samples(&adaptive) - before;
     // Timed as one sample of the whole run, the stall (~500 us a job spread over the
     // batch, hundreds of times the job) set the estimate near that: one sample a batch
-    // is the bug this catches. 400 pulls in spans of 8 or more: at least a handful.
+    // is the bug this catches. 400 pulls, one in eight timed: at least a handful.
     assert!(
         calm >= 4,
         "a batch of {JOBS} pulls left to one engine was booked as {calm} samples"
