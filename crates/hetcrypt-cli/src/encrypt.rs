@@ -144,8 +144,8 @@ impl FileStream for DecryptStream<Input, Output> {
     }
 }
 
-/// A finished output on its way to the committer.
-struct Finished {
+/// A finished output on its way to the writer thread.
+pub struct Finished {
     name: String,
     output: Output,
     bytes: u64,
@@ -153,10 +153,19 @@ struct Finished {
     member: Option<(usize, Vec<u8>, [u8; 32])>,
 }
 
-/// Hands finished outputs to the committer, records failed ones (whose temporary
+/// What the writer thread is given, in order: buffers to write, and outputs to
+/// name once everything before them is written.
+pub enum ToWriter {
+    /// A buffer of an output, written at its offset.
+    Write(io::QueuedWrite),
+    /// A complete output, to name.
+    Commit(Finished),
+}
+
+/// Hands finished outputs to the writer thread, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    commits: mpsc::SyncSender<Finished>,
+    commits: mpsc::SyncSender<ToWriter>,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
 }
@@ -170,17 +179,18 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
                     (Some((tree, path)), Some(c)) => Some((tree, path, c)),
                     _ => None,
                 };
+                let name_of_lost = item.name.clone();
                 let finished = Finished {
                     name: item.name,
                     output,
                     bytes,
                     member,
                 };
-                if let Err(mpsc::SendError(f)) = self.commits.send(finished) {
-                    // The committer is gone only if it panicked; joining reports it.
+                if self.commits.send(ToWriter::Commit(finished)).is_err() {
+                    // The writer is gone only if it panicked; joining reports it.
                     self.failed.push(Note {
-                        path: f.name,
-                        reason: "internal error: the committer stopped".into(),
+                        path: name_of_lost,
+                        reason: "internal error: the writer stopped".into(),
                     });
                 }
             }
@@ -210,7 +220,7 @@ fn report_failure(bar: &ProgressBar, path: &str, reason: &str) {
     bar.suspend(|| eprintln!("hetcrypt: {path}: {reason}"));
 }
 
-/// What the committer did.
+/// What the writer thread named.
 #[derive(Default)]
 struct Committed {
     ok: usize,
@@ -220,10 +230,15 @@ struct Committed {
     members: Vec<(usize, Vec<u8>, FileEntry)>,
 }
 
-/// Finished outputs waiting for their fsync and rename. The committer thread mostly
-/// waits on the disk, so with it the fsyncs overlap the reading and the crypto; 16
-/// outputs of at most 64 KiB of buffer each keep the queue's memory small.
-const COMMIT_QUEUE: usize = 16;
+/// Messages (buffers of at most [`io::WRITE_BUFFER`], or finished outputs) waiting
+/// for the writer thread: 16 x 128 KiB = 2 MiB of buffers at most.
+pub const WRITE_QUEUE: usize = 16;
+
+/// Finished outputs the writer names after one sync of their file system (a commit
+/// group): enough that 4,000 small files on a disk need a few dozen syncs rather than
+/// one each; each holds a descriptor until named, so the open-files limit may make
+/// groups smaller.
+const COMMIT_GROUP: usize = 512;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
 /// directory (shared by consecutive outputs of one directory, but not always).
@@ -235,8 +250,11 @@ const FD_MARGIN: u64 = 12;
 
 /// How many outputs may be open at once: raises the soft open-files limit to the
 /// hard one where allowed, then shares what is left after the descriptors already
-/// open. Returns the pipeline's window and the commit queue's length, so that any
+/// open. Returns the pipeline's window and the largest commit group, so that any
 /// `ulimit -n` of 64 or more works on any tree (a smaller window is only slower).
+/// Open outputs: those of the streams in the pipeline (the batches being read, run
+/// and written: up to two windows and one), those queued for the writer, and its
+/// group.
 fn bound_open_files() -> (usize, usize) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
@@ -254,41 +272,103 @@ fn bound_open_files() -> (usize, usize) {
         (cur, _) => cur,
     };
     let Some(soft) = soft else {
-        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_QUEUE);
+        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_GROUP);
     };
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
     let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
-    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(2);
-    let queue = (outputs / 4).clamp(1, COMMIT_QUEUE);
-    let window = (outputs - queue - 1).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
-    (window, queue)
+    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(4);
+    let group = (outputs / 4).clamp(1, COMMIT_GROUP);
+    let left = outputs.saturating_sub(group + WRITE_QUEUE.min(outputs / 4) + 1);
+    let window = (left / 2).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
+    (window, group)
 }
 
-/// The committer: syncs and names each finished output, and syncs each directory
-/// named into once its run of outputs is over (trees are walked directory by
-/// directory), holding only one directory open.
-fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) -> Committed {
+/// The writer thread: writes the outputs' buffers as they come, and names finished
+/// outputs in groups: one group is every output finished while the writer was busy
+/// (at most `group_max`), each settled, then one `syncfs` per file system for all
+/// of them (their contents durable before any is named), then each named. Names and
+/// directories become durable with the run's final sync.
+fn writer(
+    queue: mpsc::Receiver<ToWriter>,
+    pool: &io::BufferPool,
+    force: bool,
+    group_max: usize,
+    bar: &ProgressBar,
+) -> Committed {
     let mut done = Committed::default();
-    let mut current: Option<dest::DirFd> = None;
-    let sync = |dir: dest::DirFd, done: &mut Committed| {
-        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
-            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
-            report_failure(bar, &plan::show(&dir.path), &reason);
-            done.failed.push(Note {
-                path: plan::show(&dir.path),
-                reason,
-            });
+    let mut group: Vec<Finished> = Vec::new();
+    loop {
+        let message = if group.is_empty() {
+            queue.recv().ok()
+        } else {
+            match queue.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::TryRecvError::Empty) => {
+                    commit_group(&mut group, force, bar, &mut done);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => None,
+            }
+        };
+        match message {
+            None => break,
+            Some(ToWriter::Write(w)) => w.run(pool),
+            Some(ToWriter::Commit(mut f)) => {
+                // Its buffers are all written (they came first): the rest, if any, is
+                // written here.
+                f.output.detach();
+                group.push(f);
+                if group.len() >= group_max {
+                    commit_group(&mut group, force, bar, &mut done);
+                }
+            }
         }
+    }
+    commit_group(&mut group, force, bar, &mut done);
+    done
+}
+
+/// Settles, syncs (one `syncfs` per file system) and names a group of outputs.
+fn commit_group(group: &mut Vec<Finished>, force: bool, bar: &ProgressBar, done: &mut Committed) {
+    if group.is_empty() {
+        return;
+    }
+    let fail = |name: String, reason: String, done: &mut Committed| {
+        report_failure(bar, &name, &reason);
+        done.failed.push(Note { path: name, reason });
     };
-    for Finished {
-        name,
-        output,
-        bytes,
-        member,
-    } in queue
-    {
-        match output.commit(force) {
-            Ok(dir) => {
+    let mut settled: Vec<Finished> = Vec::with_capacity(group.len());
+    for mut f in group.drain(..) {
+        match f.output.settle() {
+            Ok(()) => settled.push(f),
+            Err(e) => fail(f.name, human_error(&FormatError::Io(e)), done),
+        }
+    }
+    // A failed sync cannot say which file's data it lost: the whole group fails,
+    // dropped unnamed, so nothing of it stays.
+    let unsynced = dest::sync_file_systems(settled.iter().filter_map(|f| f.output.dir()))
+        .first()
+        .map(|(dir, e)| {
+            format!(
+                "cannot make it durable: syncing the file system of {} failed: {e}",
+                plan::show(&dir.path)
+            )
+        });
+    if let Some(reason) = unsynced {
+        for f in settled {
+            fail(f.name, reason.clone(), done);
+        }
+        return;
+    }
+    for f in settled {
+        let Finished {
+            name,
+            output,
+            bytes,
+            member,
+        } = f;
+        match output.name(force) {
+            Ok(_) => {
                 done.ok += 1;
                 done.bytes += bytes;
                 if let Some((tree, path, commitment)) = member {
@@ -298,28 +378,10 @@ fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) ->
                     };
                     done.members.push((tree, path, entry));
                 }
-                if let Some(dir) = dir {
-                    match current.take() {
-                        Some(cur) if cur.path == dir.path => current = Some(cur),
-                        Some(cur) => {
-                            sync(cur, &mut done);
-                            current = Some(dir);
-                        }
-                        None => current = Some(dir),
-                    }
-                }
             }
-            Err(e) => {
-                let reason = human_error(&FormatError::Io(e));
-                report_failure(bar, &name, &reason);
-                done.failed.push(Note { path: name, reason });
-            }
+            Err(e) => fail(name, human_error(&FormatError::Io(e)), done),
         }
     }
-    if let Some(cur) = current {
-        sync(cur, &mut done);
-    }
-    done
 }
 
 /// One sentence for a failed file.
@@ -451,8 +513,12 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let (window, queue_len) = bound_open_files();
-    let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
+    let (window, group_max) = bound_open_files();
+    // A pipe may stall for as long as its writer pleases: reading it in turn with the
+    // batches lets each batch's output out before more is read.
+    let mut pipeline = Pipeline::new(engines, policy.as_ref())?
+        .window(window)
+        .overlap(!plan.reads_stdin());
     // Decrypting, each tree's manifest is read and authenticated before its files: the
     // inputs' trees now, those met inside a walk (a folder with its own manifest) as
     // the walk enters them. Manifests are small: one CPU lane reads them, beside the
@@ -482,9 +548,15 @@ fn run<S: FileStream>(
             }
         };
     load_new_trees(&plan, &mut trees, &mut plan_failed);
-    let (commits, queue) = mpsc::sync_channel(queue_len);
+    let (commits, queue) = mpsc::sync_channel(WRITE_QUEUE);
+    let pool = io::BufferPool::default();
     let (run_result, failed, committed) = std::thread::scope(|scope| {
-        let committer = scope.spawn(|| committer(queue, args.force, &bar));
+        let (writer_pool, bar_ref, force) = (pool.clone(), &bar, args.force);
+        let writer = scope.spawn(move || writer(queue, &writer_pool, force, group_max, bar_ref));
+        let behind = io::WriteBehind {
+            queue: commits.clone(),
+            pool: pool.clone(),
+        };
         let mut tally = Tally {
             commits,
             failed: Vec::new(),
@@ -566,7 +638,7 @@ fn run<S: FileStream>(
                         // open is reported as such, and is missing too).
                         trees[*index].seen.insert(path.clone());
                     }
-                    let output = Output::new(w.dest, mode);
+                    let output = Output::new(w.dest, mode).behind(behind.clone());
                     return Some(Item {
                         stream: make(input, output, size, binding),
                         name,
@@ -599,8 +671,11 @@ fn run<S: FileStream>(
         let Tally {
             failed, commits, ..
         } = tally;
-        drop(commits); // ends the committer's queue
-        let committed = committer.join().expect("the committer does not panic");
+        // With the outputs' handles (gone with the pipeline's streams), this ends the
+        // writer's queue.
+        drop(commits);
+        drop(behind);
+        let committed = writer.join().expect("the writer does not panic");
         (run_result, failed, committed)
     });
     bar.finish_and_clear();
@@ -638,6 +713,19 @@ fn run<S: FileStream>(
         report_failure(&bar, &note.path, &note.reason);
         all_failed.push(note);
     }
+    // Durable before exit 0: one sync per file system written into makes every name
+    // given and every directory made or changed durable (the contents already were,
+    // group by group, before their names).
+    for (path, e) in dest::sync_touched() {
+        let note = Note {
+            path: plan::show(&path),
+            reason: format!(
+                "cannot make the outputs durable: syncing this file system failed: {e}"
+            ),
+        };
+        report_failure(&bar, &note.path, &note.reason);
+        all_failed.push(note);
+    }
 
     let seconds = start.elapsed().as_secs_f64();
     let summary = Summary {
@@ -661,6 +749,8 @@ fn run<S: FileStream>(
             0.0
         },
         dispatch: pipeline.stats().clone(),
+        syncs: dest::syncs(),
+        peak_rss_bytes: summary::peak_rss_bytes(),
         failed: all_failed,
         skipped,
     };

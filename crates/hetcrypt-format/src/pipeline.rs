@@ -161,7 +161,25 @@ pub struct Pipeline<'p> {
     dispatcher: Dispatcher,
     policy: &'p dyn Policy,
     window: usize,
+    overlap: bool,
     stats: Stats,
+}
+
+/// A batch that ran, joined: its jobs and result.
+type Ran = Option<(Batch, BatchResult)>;
+
+/// Waits for a running batch (a panic in it goes on here); its error if it could not
+/// be planned.
+fn finish_batch(
+    running: Option<std::thread::ScopedJoinHandle<'_, (Batch, hetcrypt::Result<BatchResult>)>>,
+) -> hetcrypt::Result<Ran> {
+    let Some(handle) = running else {
+        return Ok(None);
+    };
+    match handle.join() {
+        Ok((batch, result)) => result.map(|r| Some((batch, r))),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }
 
 impl std::fmt::Debug for Pipeline<'_> {
@@ -298,6 +316,7 @@ impl<'p> Pipeline<'p> {
             dispatcher: Dispatcher::new(engines)?,
             policy,
             window: WINDOW_CHUNKS,
+            overlap: true,
             stats: Stats::default(),
         })
     }
@@ -305,6 +324,15 @@ impl<'p> Pipeline<'p> {
     /// Sets the number of chunks per batch (at least 1).
     pub fn window(mut self, chunks: usize) -> Self {
         self.window = chunks.max(1);
+        self
+    }
+
+    /// Whether batches overlap the streams' reading and writing (the default). Turn
+    /// it off for inputs that may stall, such as a pipe whose writer pauses: with
+    /// overlap, the outputs of the batch before wait until the next batch is read, so
+    /// a consumer downstream would wait for input that may never come.
+    pub fn overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
         self
     }
 
@@ -340,33 +368,29 @@ impl<'p> Pipeline<'p> {
             base: 0,
             retired: Vec::new(),
         };
-        let (dispatcher, policy, window) = (&self.dispatcher, self.policy, self.window);
+        let (dispatcher, policy, window, overlap) =
+            (&self.dispatcher, self.policy, self.window, self.overlap);
         let stats = &mut self.stats;
         // Output buffers the streams are done with, for the next batch to write into.
         let mut spare: Vec<JobOutput> = Vec::with_capacity(window);
-        let outcome = std::thread::scope(|scope| {
+        let outcome: hetcrypt::Result<()> = std::thread::scope(|scope| {
             let mut running: Option<std::thread::ScopedJoinHandle<'_, _>> = None;
             loop {
                 // Read the next batch while the engines run the current one.
                 let next = flight.fill(dispatcher, window);
-                let done: Option<(Batch, hetcrypt::Result<BatchResult>)> =
-                    running.take().map(|h| match h.join() {
-                        Ok(done) => done,
-                        Err(panic) => std::panic::resume_unwind(panic),
-                    });
+                let mut done = finish_batch(running.take())?;
                 // No batch runs now: the finished streams' keys can go.
                 flight.remove_keys(dispatcher);
-                let done = match done {
-                    Some((batch, Ok(result))) => Some((batch, result)),
-                    Some((_, Err(e))) => return Err(e),
-                    None => None,
-                };
                 if !next.jobs.is_empty() {
                     let reuse = std::mem::take(&mut spare);
                     running = Some(scope.spawn(move || {
                         let result = dispatcher.run_reusing(&next.jobs, policy, reuse);
                         (next, result)
                     }));
+                }
+                if !overlap {
+                    // In turn: this batch's outputs are written before more is read.
+                    done = finish_batch(running.take())?;
                 }
                 // Write the outputs of the batch that ran while the next one runs.
                 if let Some((batch, result)) = done {

@@ -6,7 +6,10 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
@@ -14,9 +17,18 @@ use rustix::io::Errno;
 use super::dest::{self, DirFd, Target, Temp};
 use super::plan::Dest;
 
-/// Output buffer: four chunks, so writes reach the kernel in large pieces while the
-/// outputs waiting in the commit queue stay small.
-const WRITE_BUFFER: usize = 64 * 1024;
+/// Output buffer: eight chunks, so writes reach the kernel in large pieces (half the
+/// system calls of 64 KiB); a small file's buffer only grows to its size. At most this
+/// much of a stalled stream's authenticated output waits unwritten.
+pub const WRITE_BUFFER: usize = 128 * 1024;
+
+/// Standard output's buffer: four chunks, so a reader downstream sees each batch's
+/// output promptly.
+const STDOUT_BUFFER: usize = 64 * 1024;
+
+/// Write buffers kept for reuse: as many as the writer's queue holds, and two being
+/// filled.
+const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 
 /// Permission bits an output may carry: never setuid, setgid or sticky (a decrypted
 /// file must not gain powers from whoever made the ciphertext).
@@ -282,15 +294,6 @@ fn test_swap_before_open(path: &Path) {
     }
 }
 
-impl Write for Temp {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file().write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// An OS error on the output side, worded to say so and to name the destination
 /// (errors already worded, which name their path, pass as they are).
 fn output_error(dest: &Dest, e: io::Error) -> io::Error {
@@ -312,12 +315,112 @@ fn output_error(dest: &Dest, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("cannot write {place}: {what}"))
 }
 
+/// An output's buffers written by another thread, and what it met there.
+#[derive(Debug, Default)]
+pub struct WriteState {
+    /// The first write error, until the output's owner takes it.
+    error: Mutex<Option<io::Error>>,
+    /// Whether a write failed (stays set once the error is taken).
+    failed: AtomicBool,
+}
+
+impl WriteState {
+    /// The write error met so far, if any (the first time: the error itself; after:
+    /// a reminder).
+    fn check(&self) -> io::Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let taken = self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        Err(taken.unwrap_or_else(|| io::Error::other("an earlier write failed")))
+    }
+
+    fn fail(&self, e: io::Error) {
+        let mut error = self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            *error = Some(e);
+        }
+    }
+}
+
+/// One buffer of an output, for the writer thread to write at its offset.
+pub struct QueuedWrite {
+    file: Arc<File>,
+    offset: u64,
+    data: Vec<u8>,
+    state: Arc<WriteState>,
+}
+
+impl QueuedWrite {
+    /// Writes the buffer (unless an earlier one of its file failed), records a
+    /// failure for the output's owner, and hands the buffer back to `pool`.
+    pub fn run(self, pool: &BufferPool) {
+        if !self.state.failed.load(Ordering::Acquire) {
+            if let Err(e) = self.file.write_all_at(&self.data, self.offset) {
+                self.state.fail(e);
+            }
+        }
+        pool.put(self.data);
+    }
+}
+
+/// Write buffers going round between the outputs and the writer thread, so a large
+/// file's buffers are allocated once.
+#[derive(Clone, Debug, Default)]
+pub struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl BufferPool {
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(WRITE_BUFFER))
+    }
+
+    fn put(&self, mut data: Vec<u8>) {
+        let mut pool = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pool.len() < POOL_BUFFERS && data.capacity() >= WRITE_BUFFER {
+            data.clear();
+            pool.push(data);
+        }
+    }
+}
+
+/// Where an output's full buffers go: the writer thread's queue (write-behind), so
+/// the thread that reads the inputs does not also wait on the writes.
+#[derive(Clone)]
+pub struct WriteBehind {
+    /// The writer's queue.
+    pub queue: mpsc::SyncSender<super::ToWriter>,
+    /// Buffers to fill next.
+    pub pool: BufferPool,
+}
+
+/// A temporary being written: its pending buffer starts at offset `at`.
+struct TempSink {
+    temp: Temp,
+    buf: Vec<u8>,
+    at: u64,
+    state: Arc<WriteState>,
+}
+
 /// Where bytes go until the message is complete.
 enum Sink {
     /// Nothing written yet.
     Pending,
     /// A temporary in the destination directory.
-    Temp(BufWriter<Temp>),
+    Temp(TempSink),
     /// Straight to stdout. Safe for decryption too: a decrypt stream writes a chunk
     /// only once it authenticated; a reader must still check the exit status, which
     /// is the only sign that the message was complete.
@@ -329,16 +432,25 @@ pub struct Output {
     dest: Dest,
     sink: Sink,
     mode: Option<u32>,
+    behind: Option<WriteBehind>,
 }
 
 impl Output {
-    /// An output to `dest`, given the permission bits `mode` when complete.
+    /// An output to `dest`, given the permission bits `mode` when complete, written by
+    /// the calling thread.
     pub fn new(dest: Dest, mode: Option<u32>) -> Self {
         Output {
             dest,
             sink: Sink::Pending,
             mode: mode.map(|m| m & FILE_MODE_BITS),
+            behind: None,
         }
+    }
+
+    /// The same, its full buffers written by the writer thread behind `behind`.
+    pub fn behind(mut self, behind: WriteBehind) -> Self {
+        self.behind = Some(behind);
+        self
     }
 
     fn output_error(&self, e: io::Error) -> io::Error {
@@ -350,43 +462,110 @@ impl Output {
             Dest::File(target) => {
                 let parent = target.rel.parent().unwrap_or(Path::new(""));
                 let dir = dest::open_output_dir(&target.root, parent)?;
-                Sink::Temp(BufWriter::with_capacity(WRITE_BUFFER, Temp::new(dir)?))
+                Sink::Temp(TempSink {
+                    temp: Temp::new(dir)?,
+                    buf: Vec::new(),
+                    at: 0,
+                    state: Arc::default(),
+                })
             }
-            Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(WRITE_BUFFER, io::stdout())),
+            Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(STDOUT_BUFFER, io::stdout())),
         };
         Ok(())
     }
 
-    /// Makes the output final: names the synced temporary as the destination
-    /// (refusing to replace an existing file unless `force`, and never a link), or
-    /// flushes stdout. Returns the directory whose entry changed: the new name is
-    /// durable once the caller has synced it (once per directory, at the end of the
-    /// run, rather than once per file).
-    pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
+    /// Sends (or, without a writer thread, writes) the pending buffer of a temporary.
+    fn flush_buf(sink: &mut TempSink, behind: Option<&WriteBehind>) -> io::Result<()> {
+        sink.state.check()?;
+        if sink.buf.is_empty() {
+            return Ok(());
+        }
+        let len = sink.buf.len() as u64;
+        match behind {
+            Some(b) => {
+                let data = std::mem::replace(&mut sink.buf, b.pool.take());
+                let write = QueuedWrite {
+                    file: sink.temp.file().clone(),
+                    offset: sink.at,
+                    data,
+                    state: sink.state.clone(),
+                };
+                if b.queue.send(super::ToWriter::Write(write)).is_err() {
+                    return Err(io::Error::other("internal error: the writer stopped"));
+                }
+            }
+            None => {
+                sink.temp.file().write_all_at(&sink.buf, sink.at)?;
+                sink.buf.clear();
+            }
+        }
+        sink.at += len;
+        Ok(())
+    }
+
+    /// Stops writing behind: what is left is written by the caller (the writer thread
+    /// itself, once the output reaches it).
+    pub fn detach(&mut self) {
+        self.behind = None;
+    }
+
+    /// The directory the output is named in (`None`: standard output).
+    pub fn dir(&self) -> Option<&DirFd> {
+        match &self.sink {
+            Sink::Temp(t) => Some(t.temp.dir()),
+            _ => None,
+        }
+    }
+
+    /// Gets a complete output ready to be named: everything written (and every
+    /// write-behind error reported), mode and length set; flushes stdout. Its content
+    /// is durable once its file system is synced.
+    pub fn settle(&mut self) -> io::Result<()> {
         if matches!(self.sink, Sink::Pending) {
             self.open().map_err(|e| self.output_error(e))?;
         }
-        Self::commit_sink(self.sink, &self.dest, self.mode, force)
-            .map_err(|e| output_error(&self.dest, e))
+        let behind = self.behind.clone();
+        let settled = match &mut self.sink {
+            Sink::Temp(t) => Self::flush_buf(t, behind.as_ref()).and_then(|()| {
+                // Written behind: settled once the writer thread wrote it all, which
+                // it has when it settles the output itself.
+                t.state.check()?;
+                t.temp.prepare(self.mode, t.at)
+            }),
+            Sink::Stdout(w) => w.flush(),
+            Sink::Pending => unreachable!("opened above"),
+        };
+        settled.map_err(|e| self.output_error(e))
     }
 
-    fn commit_sink(
-        sink: Sink,
-        dest: &Dest,
-        mode: Option<u32>,
-        force: bool,
-    ) -> io::Result<Option<DirFd>> {
-        match (sink, dest) {
-            (Sink::Temp(w), Dest::File(target)) => {
-                let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
+    /// Names a settled, synced output at its destination (refusing to replace an
+    /// existing file unless `force`, and never a link). Returns the directory whose
+    /// entry changed: the name is durable once its file system is synced.
+    pub fn name(self, force: bool) -> io::Result<Option<DirFd>> {
+        let Output { dest, sink, .. } = self;
+        let named = match (sink, &dest) {
+            (Sink::Temp(t), Dest::File(target)) => {
                 let name = target.rel.file_name().unwrap_or_default();
-                tmp.commit(name, mode, force).map(Some)
+                t.temp.name(name, force).map(Some)
             }
-            (Sink::Stdout(mut w), _) => w.flush().map(|()| None),
+            (Sink::Stdout(_), _) => Ok(None),
             (Sink::Temp(_), Dest::Stdout) | (Sink::Pending, _) => {
-                unreachable!("opened above, by its destination")
+                unreachable!("settled, so opened by its destination")
             }
+        };
+        named.map_err(|e| output_error(&dest, e))
+    }
+
+    /// Makes the output final on its own: settles it, syncs its content (one fsync)
+    /// and names it. For outputs outside the writer thread's groups (a tree's
+    /// manifest).
+    pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
+        self.detach();
+        self.settle()?;
+        if let Sink::Temp(t) = &self.sink {
+            t.temp.sync().map_err(|e| self.output_error(e))?;
         }
+        self.name(force)
     }
 }
 
@@ -395,25 +574,37 @@ impl Write for Output {
         if matches!(self.sink, Sink::Pending) {
             self.open().map_err(|e| self.output_error(e))?;
         }
+        let behind = self.behind.as_ref();
         let written = match &mut self.sink {
-            Sink::Temp(w) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => w
-                .flush()
-                .and_then(|()| w.get_mut().skip(buf.len() as u64))
-                .map(|()| buf.len()),
-            Sink::Temp(w) => w.write(buf),
+            Sink::Temp(t) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => {
+                // A hole: the pending buffer goes first, then the offset moves on.
+                Self::flush_buf(t, behind).map(|()| {
+                    t.at += buf.len() as u64;
+                    buf.len()
+                })
+            }
+            Sink::Temp(t) => {
+                t.buf.extend_from_slice(buf);
+                if t.buf.len() >= WRITE_BUFFER {
+                    Self::flush_buf(t, behind).map(|()| buf.len())
+                } else {
+                    Ok(buf.len())
+                }
+            }
             Sink::Stdout(w) => w.write(buf),
             Sink::Pending => unreachable!("opened above"),
         };
-        written.map_err(|e| self.output_error(e))
+        written.map_err(|e| output_error(&self.dest, e))
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        let behind = self.behind.as_ref();
         let flushed = match &mut self.sink {
-            Sink::Temp(w) => w.flush(),
+            Sink::Temp(t) => Self::flush_buf(t, behind),
             Sink::Stdout(w) => w.flush(),
             Sink::Pending => Ok(()),
         };
-        flushed.map_err(|e| self.output_error(e))
+        flushed.map_err(|e| output_error(&self.dest, e))
     }
 }
 
