@@ -158,16 +158,41 @@ pub struct Finished {
 pub enum ToWriter {
     /// A buffer of an output, written at its offset.
     Write(io::QueuedWrite),
-    /// A complete output, to name.
-    Commit(Finished),
+    /// Complete outputs, to name.
+    Commit(Vec<Finished>),
 }
 
 /// Hands finished outputs to the writer thread, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
     commits: mpsc::SyncSender<ToWriter>,
+    /// Finished outputs not yet handed over: sent `batch` at a time (one message, one
+    /// wake-up of the writer, for many small files).
+    finished: Vec<Finished>,
+    batch: usize,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
+}
+
+impl Tally<'_> {
+    /// Hands the finished outputs to the writer.
+    fn send_finished(&mut self) {
+        if self.finished.is_empty() {
+            return;
+        }
+        let finished = std::mem::replace(&mut self.finished, Vec::with_capacity(self.batch));
+        if let Err(mpsc::SendError(ToWriter::Commit(lost))) =
+            self.commits.send(ToWriter::Commit(finished))
+        {
+            // The writer is gone only if it panicked; joining reports it.
+            for f in lost {
+                self.failed.push(Note {
+                    path: f.name,
+                    reason: "internal error: the writer stopped".into(),
+                });
+            }
+        }
+    }
 }
 
 impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
@@ -179,19 +204,15 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
                     (Some((tree, path)), Some(c)) => Some((tree, path, c)),
                     _ => None,
                 };
-                let name_of_lost = item.name.clone();
                 let finished = Finished {
                     name: item.name,
                     output,
                     bytes,
                     member,
                 };
-                if self.commits.send(ToWriter::Commit(finished)).is_err() {
-                    // The writer is gone only if it panicked; joining reports it.
-                    self.failed.push(Note {
-                        path: name_of_lost,
-                        reason: "internal error: the writer stopped".into(),
-                    });
+                self.finished.push(finished);
+                if self.finished.len() >= self.batch {
+                    self.send_finished();
                 }
             }
             Err(e) => {
@@ -211,6 +232,8 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     }
 
     fn batch(&mut self, report: &hetcrypt::Report) {
+        // The outputs finished in the round before go now.
+        self.send_finished();
         self.bar.inc(report.bytes);
     }
 }
@@ -236,9 +259,13 @@ pub const WRITE_QUEUE: usize = 16;
 
 /// Finished outputs the writer names after one sync of their file system (a commit
 /// group): enough that 4,000 small files on a disk need a few dozen syncs rather than
-/// one each; each holds a descriptor until named, so the open-files limit may make
-/// groups smaller.
-const COMMIT_GROUP: usize = 512;
+/// one each; each holds a descriptor until named (the open-files limit may make
+/// groups smaller) and at most a small buffer.
+const COMMIT_GROUP: usize = 256;
+
+/// Finished outputs handed to the writer in one message: one wake-up of the writer
+/// for many small files (waking it per file cost more than writing them).
+const COMMIT_BATCH: usize = 32;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
 /// directory (shared by consecutive outputs of one directory, but not always).
@@ -248,14 +275,26 @@ const FDS_PER_OUTPUT: u64 = 2;
 /// directory listing for leftovers, and room for error.
 const FD_MARGIN: u64 = 12;
 
+/// How much the run keeps in flight, within the open-files limit.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    /// Chunks per pipeline batch.
+    window: usize,
+    /// Messages waiting for the writer.
+    queue: usize,
+    /// Finished outputs per message to the writer.
+    commit_batch: usize,
+    /// Finished outputs per commit group (one sync).
+    group: usize,
+}
+
 /// How many outputs may be open at once: raises the soft open-files limit to the
 /// hard one where allowed, then shares what is left after the descriptors already
-/// open. Returns the pipeline's window and the largest commit group, so that any
-/// `ulimit -n` of 64 or more works on any tree (a smaller window is only slower).
-/// Open outputs: those of the streams in the pipeline (the batches being read, run
-/// and written: up to two windows and one), those queued for the writer, and its
-/// group.
-fn bound_open_files() -> (usize, usize) {
+/// open, so that any `ulimit -n` of 64 or more works on any tree (smaller sizes are
+/// only slower). Open outputs: those of the streams in the pipeline (the batches being
+/// read, run and written: up to two windows and one), those finished and not yet
+/// sent, those in the writer's queue, and its group.
+fn bound_open_files() -> Sizes {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
     let soft = match (limit.current, limit.maximum) {
@@ -271,16 +310,23 @@ fn bound_open_files() -> (usize, usize) {
         }
         (cur, _) => cur,
     };
-    let Some(soft) = soft else {
-        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_GROUP);
-    };
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
-    let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
-    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(4);
+    let outputs = soft.map_or(usize::MAX, |soft| {
+        let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
+        usize::try_from(outputs).unwrap_or(usize::MAX)
+    });
+    let outputs = outputs.max(4);
     let group = (outputs / 4).clamp(1, COMMIT_GROUP);
-    let left = outputs.saturating_sub(group + WRITE_QUEUE.min(outputs / 4) + 1);
+    let commit_batch = (outputs / 64).clamp(1, COMMIT_BATCH);
+    let queue = (outputs / (8 * commit_batch)).clamp(1, WRITE_QUEUE);
+    let left = outputs.saturating_sub(group + (queue + 1) * commit_batch + 1);
     let window = (left / 2).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
-    (window, group)
+    Sizes {
+        window,
+        queue,
+        commit_batch,
+        group,
+    }
 }
 
 /// The writer thread: writes the outputs' buffers as they come, and names finished
@@ -313,13 +359,15 @@ fn writer(
         match message {
             None => break,
             Some(ToWriter::Write(w)) => w.run(pool),
-            Some(ToWriter::Commit(mut f)) => {
-                // Its buffers are all written (they came first): the rest, if any, is
-                // written here.
-                f.output.detach();
-                group.push(f);
-                if group.len() >= group_max {
-                    commit_group(&mut group, force, bar, &mut done);
+            Some(ToWriter::Commit(finished)) => {
+                for mut f in finished {
+                    // Its buffers are all written (they came first): the rest, if
+                    // any, is written here.
+                    f.output.detach();
+                    group.push(f);
+                    if group.len() >= group_max {
+                        commit_group(&mut group, force, bar, &mut done);
+                    }
                 }
             }
         }
@@ -513,11 +561,11 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let (window, group_max) = bound_open_files();
+    let sizes = bound_open_files();
     // A pipe may stall for as long as its writer pleases: reading it in turn with the
     // batches lets each batch's output out before more is read.
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?
-        .window(window)
+        .window(sizes.window)
         .overlap(!plan.reads_stdin());
     // Decrypting, each tree's manifest is read and authenticated before its files: the
     // inputs' trees now, those met inside a walk (a folder with its own manifest) as
@@ -548,17 +596,19 @@ fn run<S: FileStream>(
             }
         };
     load_new_trees(&plan, &mut trees, &mut plan_failed);
-    let (commits, queue) = mpsc::sync_channel(WRITE_QUEUE);
+    let (commits, queue) = mpsc::sync_channel(sizes.queue);
     let pool = io::BufferPool::default();
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let (writer_pool, bar_ref, force) = (pool.clone(), &bar, args.force);
-        let writer = scope.spawn(move || writer(queue, &writer_pool, force, group_max, bar_ref));
+        let writer = scope.spawn(move || writer(queue, &writer_pool, force, sizes.group, bar_ref));
         let behind = io::WriteBehind {
             queue: commits.clone(),
             pool: pool.clone(),
         };
         let mut tally = Tally {
             commits,
+            finished: Vec::with_capacity(sizes.commit_batch),
+            batch: sizes.commit_batch,
             failed: Vec::new(),
             bar: &bar,
         };
@@ -668,6 +718,7 @@ fn run<S: FileStream>(
             }
         });
         let run_result = pipeline.run(items, &mut tally);
+        tally.send_finished();
         let Tally {
             failed, commits, ..
         } = tally;

@@ -506,8 +506,17 @@ impl Temp {
         Ok(self.dir.clone())
     }
 
-    /// Links the anonymous file in as `name` (never replacing one).
+    /// Links the anonymous file in as `name` (never replacing one): by its descriptor
+    /// (`AT_EMPTY_PATH`, which Linux allows from 6.10 for a file the caller opened, and
+    /// with a capability before), else through /proc, whose path lookup costs more.
     fn link_anonymous(&self, name: &OsStr, dest: &Path) -> io::Result<()> {
+        match rustix::fs::linkat(&*self.file, "", &*self.dir.fd, name, AtFlags::EMPTY_PATH) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EXIST) => return Err(exists(dest)),
+            // Not allowed here (an older kernel, no capability): through /proc.
+            Err(Errno::NOENT | Errno::PERM | Errno::INVAL) => {}
+            Err(e) => return Err(errno_message(dest, e)),
+        }
         let proc = format!("/proc/self/fd/{}", self.file.as_raw_fd());
         let linked = rustix::fs::linkat(
             CWD,

@@ -22,6 +22,11 @@ use super::plan::Dest;
 /// much of a stalled stream's authenticated output waits unwritten.
 pub const WRITE_BUFFER: usize = 128 * 1024;
 
+/// A new output's buffer, and the most a finished output keeps for the writer thread
+/// to write when it names it: two chunks (a small file's whole ciphertext), so the
+/// outputs waiting to be named hold little memory each.
+const SMALL_BUFFER: usize = 32 * 1024;
+
 /// Standard output's buffer: four chunks, so a reader downstream sees each batch's
 /// output promptly.
 const STDOUT_BUFFER: usize = 64 * 1024;
@@ -407,24 +412,67 @@ pub struct WriteBehind {
     pub pool: BufferPool,
 }
 
-/// A temporary being written: its pending buffer starts at offset `at`.
+/// An output file being written: its pending buffer starts at offset `at`; its
+/// temporary is made when the first buffer is written (a small file's, by the writer
+/// thread when it names it).
 struct TempSink {
-    temp: Temp,
+    target: Target,
+    temp: Option<Temp>,
     buf: Vec<u8>,
     at: u64,
     state: Arc<WriteState>,
 }
 
+impl TempSink {
+    /// The temporary, made now if it is not yet.
+    fn temp(&mut self) -> io::Result<&Temp> {
+        if self.temp.is_none() {
+            let parent = self.target.rel.parent().unwrap_or(Path::new(""));
+            let dir = dest::open_output_dir(&self.target.root, parent)?;
+            self.temp = Some(Temp::new(dir)?);
+        }
+        Ok(self.temp.as_ref().expect("made just above"))
+    }
+
+    /// Sends (or, without a writer thread, writes) the pending buffer.
+    fn flush_buf(&mut self, behind: Option<&WriteBehind>) -> io::Result<()> {
+        self.state.check()?;
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let len = self.buf.len() as u64;
+        let file = self.temp()?.file().clone();
+        match behind {
+            Some(b) => {
+                let data = std::mem::replace(&mut self.buf, b.pool.take());
+                let write = QueuedWrite {
+                    file,
+                    offset: self.at,
+                    data,
+                    state: self.state.clone(),
+                };
+                if b.queue.send(super::ToWriter::Write(write)).is_err() {
+                    return Err(io::Error::other("internal error: the writer stopped"));
+                }
+            }
+            None => {
+                file.write_all_at(&self.buf, self.at)?;
+                self.buf.clear();
+            }
+        }
+        self.at += len;
+        Ok(())
+    }
+}
+
 /// Where bytes go until the message is complete.
 enum Sink {
-    /// Nothing written yet.
-    Pending,
-    /// A temporary in the destination directory.
+    /// A file, through a temporary in its destination directory.
     Temp(TempSink),
-    /// Straight to stdout. Safe for decryption too: a decrypt stream writes a chunk
-    /// only once it authenticated; a reader must still check the exit status, which
-    /// is the only sign that the message was complete.
-    Stdout(BufWriter<io::Stdout>),
+    /// Standard output (opened on first use). Safe for decryption too: a decrypt
+    /// stream writes a chunk only once it authenticated; a reader must still check the
+    /// exit status, which is the only sign that the message was complete.
+    Stdout(Option<BufWriter<io::Stdout>>),
 }
 
 /// An output that appears at its destination complete or not at all.
@@ -439,9 +487,19 @@ impl Output {
     /// An output to `dest`, given the permission bits `mode` when complete, written by
     /// the calling thread.
     pub fn new(dest: Dest, mode: Option<u32>) -> Self {
+        let sink = match &dest {
+            Dest::File(target) => Sink::Temp(TempSink {
+                target: target.clone(),
+                temp: None,
+                buf: Vec::new(),
+                at: 0,
+                state: Arc::default(),
+            }),
+            Dest::Stdout => Sink::Stdout(None),
+        };
         Output {
             dest,
-            sink: Sink::Pending,
+            sink,
             mode: mode.map(|m| m & FILE_MODE_BITS),
             behind: None,
         }
@@ -457,63 +515,17 @@ impl Output {
         output_error(&self.dest, e)
     }
 
-    fn open(&mut self) -> io::Result<()> {
-        self.sink = match &self.dest {
-            Dest::File(target) => {
-                let parent = target.rel.parent().unwrap_or(Path::new(""));
-                let dir = dest::open_output_dir(&target.root, parent)?;
-                Sink::Temp(TempSink {
-                    temp: Temp::new(dir)?,
-                    buf: Vec::new(),
-                    at: 0,
-                    state: Arc::default(),
-                })
-            }
-            Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(STDOUT_BUFFER, io::stdout())),
-        };
-        Ok(())
-    }
-
-    /// Sends (or, without a writer thread, writes) the pending buffer of a temporary.
-    fn flush_buf(sink: &mut TempSink, behind: Option<&WriteBehind>) -> io::Result<()> {
-        sink.state.check()?;
-        if sink.buf.is_empty() {
-            return Ok(());
-        }
-        let len = sink.buf.len() as u64;
-        match behind {
-            Some(b) => {
-                let data = std::mem::replace(&mut sink.buf, b.pool.take());
-                let write = QueuedWrite {
-                    file: sink.temp.file().clone(),
-                    offset: sink.at,
-                    data,
-                    state: sink.state.clone(),
-                };
-                if b.queue.send(super::ToWriter::Write(write)).is_err() {
-                    return Err(io::Error::other("internal error: the writer stopped"));
-                }
-            }
-            None => {
-                sink.temp.file().write_all_at(&sink.buf, sink.at)?;
-                sink.buf.clear();
-            }
-        }
-        sink.at += len;
-        Ok(())
-    }
-
     /// Stops writing behind: what is left is written by the caller (the writer thread
     /// itself, once the output reaches it).
     pub fn detach(&mut self) {
         self.behind = None;
     }
 
-    /// The directory the output is named in (`None`: standard output).
+    /// The directory the output is named in (`None`: standard output, or not settled).
     pub fn dir(&self) -> Option<&DirFd> {
         match &self.sink {
-            Sink::Temp(t) => Some(t.temp.dir()),
-            _ => None,
+            Sink::Temp(t) => t.temp.as_ref().map(Temp::dir),
+            Sink::Stdout(_) => None,
         }
     }
 
@@ -521,19 +533,17 @@ impl Output {
     /// write-behind error reported), mode and length set; flushes stdout. Its content
     /// is durable once its file system is synced.
     pub fn settle(&mut self) -> io::Result<()> {
-        if matches!(self.sink, Sink::Pending) {
-            self.open().map_err(|e| self.output_error(e))?;
-        }
         let behind = self.behind.clone();
+        let mode = self.mode;
         let settled = match &mut self.sink {
-            Sink::Temp(t) => Self::flush_buf(t, behind.as_ref()).and_then(|()| {
+            Sink::Temp(t) => t.flush_buf(behind.as_ref()).and_then(|()| {
                 // Written behind: settled once the writer thread wrote it all, which
                 // it has when it settles the output itself.
                 t.state.check()?;
-                t.temp.prepare(self.mode, t.at)
+                let end = t.at;
+                t.temp()?.prepare(mode, end)
             }),
-            Sink::Stdout(w) => w.flush(),
-            Sink::Pending => unreachable!("opened above"),
+            Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
         settled.map_err(|e| self.output_error(e))
     }
@@ -543,15 +553,17 @@ impl Output {
     /// entry changed: the name is durable once its file system is synced.
     pub fn name(self, force: bool) -> io::Result<Option<DirFd>> {
         let Output { dest, sink, .. } = self;
-        let named = match (sink, &dest) {
-            (Sink::Temp(t), Dest::File(target)) => {
+        let named = match sink {
+            Sink::Temp(TempSink {
+                temp: Some(temp),
+                target,
+                ..
+            }) => {
                 let name = target.rel.file_name().unwrap_or_default();
-                t.temp.name(name, force).map(Some)
+                temp.name(name, force).map(Some)
             }
-            (Sink::Stdout(_), _) => Ok(None),
-            (Sink::Temp(_), Dest::Stdout) | (Sink::Pending, _) => {
-                unreachable!("settled, so opened by its destination")
-            }
+            Sink::Temp(_) => unreachable!("settled, so its temporary exists"),
+            Sink::Stdout(_) => Ok(None),
         };
         named.map_err(|e| output_error(&dest, e))
     }
@@ -562,8 +574,11 @@ impl Output {
     pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
         self.detach();
         self.settle()?;
-        if let Sink::Temp(t) = &self.sink {
-            t.temp.sync().map_err(|e| self.output_error(e))?;
+        if let Sink::Temp(TempSink {
+            temp: Some(temp), ..
+        }) = &self.sink
+        {
+            temp.sync().map_err(|e| self.output_error(e))?;
         }
         self.name(force)
     }
@@ -571,38 +586,41 @@ impl Output {
 
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if matches!(self.sink, Sink::Pending) {
-            self.open().map_err(|e| self.output_error(e))?;
-        }
         let behind = self.behind.as_ref();
         let written = match &mut self.sink {
             Sink::Temp(t) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => {
                 // A hole: the pending buffer goes first, then the offset moves on.
-                Self::flush_buf(t, behind).map(|()| {
+                t.flush_buf(behind).map(|()| {
                     t.at += buf.len() as u64;
                     buf.len()
                 })
             }
             Sink::Temp(t) => {
+                if t.buf.capacity() == 0 {
+                    t.buf.reserve(SMALL_BUFFER);
+                }
                 t.buf.extend_from_slice(buf);
                 if t.buf.len() >= WRITE_BUFFER {
-                    Self::flush_buf(t, behind).map(|()| buf.len())
+                    t.flush_buf(behind).map(|()| buf.len())
                 } else {
                     Ok(buf.len())
                 }
             }
-            Sink::Stdout(w) => w.write(buf),
-            Sink::Pending => unreachable!("opened above"),
+            Sink::Stdout(w) => w
+                .get_or_insert_with(|| BufWriter::with_capacity(STDOUT_BUFFER, io::stdout()))
+                .write(buf),
         };
         written.map_err(|e| output_error(&self.dest, e))
     }
 
+    /// Written behind, a small file's last buffer stays for the writer thread to write
+    /// when it names the file (one message for the whole file).
     fn flush(&mut self) -> io::Result<()> {
         let behind = self.behind.as_ref();
         let flushed = match &mut self.sink {
-            Sink::Temp(t) => Self::flush_buf(t, behind),
-            Sink::Stdout(w) => w.flush(),
-            Sink::Pending => Ok(()),
+            Sink::Temp(t) if behind.is_some() && t.buf.len() < SMALL_BUFFER => t.state.check(),
+            Sink::Temp(t) => t.flush_buf(behind),
+            Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
         flushed.map_err(|e| output_error(&self.dest, e))
     }
