@@ -107,6 +107,13 @@ impl<S: Stream> Stream for Item<S> {
     ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
         self.stream.next_job(d)
     }
+    fn next_job_into(
+        &mut self,
+        d: &hetcrypt::Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
+        self.stream.next_job_into(d, buffers)
+    }
     fn finish(&mut self) -> hetcrypt_format::Result<()> {
         self.stream.finish()
     }

@@ -42,6 +42,17 @@ pub trait Stream {
     /// ends the stream.
     fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>>;
 
+    /// Like [`Stream::next_job`], and the stream may take the job's input buffer from
+    /// `buffers` (inputs of earlier batches, emptied). The default takes none.
+    fn next_job_into(
+        &mut self,
+        dispatcher: &Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> Result<Option<Job>> {
+        let _ = buffers;
+        self.next_job(dispatcher)
+    }
+
     /// The output of the earliest job handed out and not yet accepted. An error ends
     /// the stream. The default accepts it without keeping its buffer.
     fn accept(&mut self, output: hetcrypt::Result<JobOutput>) -> Result<()> {
@@ -202,6 +213,9 @@ struct Flight<S, I> {
     /// Keys of finished streams, removed from the dispatcher between two batches
     /// (removing a key waits for the running batch).
     retired: Vec<KeyId>,
+    /// Input buffers of batches that ran, for the streams to read into again (at most
+    /// a window's worth).
+    inputs: Vec<Vec<u8>>,
 }
 
 impl<S: Stream, I: Iterator<Item = S>> Flight<S, I> {
@@ -234,7 +248,7 @@ impl<S: Stream, I: Iterator<Item = S>> Flight<S, I> {
             }
             let owner = self.base + self.active.len() as u64 - 1;
             let slot = self.active.back_mut().expect("pushed or open");
-            match slot.stream.next_job(dispatcher) {
+            match slot.stream.next_job_into(dispatcher, &mut self.inputs) {
                 Ok(Some(job)) => {
                     batch.jobs.push(job);
                     batch.owners.push(owner);
@@ -367,6 +381,7 @@ impl<'p> Pipeline<'p> {
             active: VecDeque::new(),
             base: 0,
             retired: Vec::new(),
+            inputs: Vec::new(),
         };
         let (dispatcher, policy, window, overlap) =
             (&self.dispatcher, self.policy, self.window, self.overlap);
@@ -397,6 +412,11 @@ impl<'p> Pipeline<'p> {
                     stats.add(&result.report);
                     observer.batch(&result.report);
                     flight.accept(&batch.owners, result.outputs, &mut spare);
+                    for job in batch.jobs {
+                        if flight.inputs.len() < window {
+                            flight.inputs.push(job.input);
+                        }
+                    }
                 }
                 flight.finish_ready(observer);
                 if running.is_none() && flight.active.is_empty() && !flight.more {
