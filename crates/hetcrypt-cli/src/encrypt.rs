@@ -265,10 +265,10 @@ struct Committed {
 pub const WRITE_QUEUE: usize = 16;
 
 /// Finished outputs the writer names after one sync of their file system (a commit
-/// group): enough that 4,000 small files on a disk need a few dozen syncs rather than
-/// one each; each holds a descriptor until named (the open-files limit may make
-/// groups smaller) and at most a small buffer.
-const COMMIT_GROUP: usize = 256;
+/// group): enough that 4,000 small files on a disk need a handful of syncs rather than
+/// one each. Each is written before it joins a group, so it holds only a descriptor
+/// until named (the open-files limit may make groups smaller).
+const COMMIT_GROUP: usize = 1024;
 
 /// Finished outputs handed to the writer in one message: one wake-up of the writer
 /// for many small files (waking it per file cost more than writing them).
@@ -337,10 +337,12 @@ fn bound_open_files() -> Sizes {
 }
 
 /// The writer thread: writes the outputs' buffers as they come, and names finished
-/// outputs in groups: one group is every output finished while the writer was busy
-/// (at most `group_max`), each settled, then one `syncfs` per file system for all
-/// of them (their contents durable before any is named), then each named. Names and
-/// directories become durable with the run's final sync.
+/// outputs in groups: each finished output is settled (its last buffer written, mode
+/// and length set) and joins the group; once the queue is empty (or the group has
+/// `group_max` outputs), one `syncfs` per file system makes all their contents
+/// durable, then each is named. A group is thus every output finished while the
+/// writer was busy, the last sync included: the slower the disk, the fewer the syncs.
+/// Names and directories become durable with the run's final sync.
 fn writer(
     queue: mpsc::Receiver<ToWriter>,
     pool: &io::BufferPool,
@@ -369,8 +371,17 @@ fn writer(
             Some(ToWriter::Commit(finished)) => {
                 for mut f in finished {
                     // Its buffers are all written (they came first): the rest, if
-                    // any, is written here.
+                    // any, is written now, so the group holds descriptors, not data.
                     f.output.detach();
+                    if let Err(e) = f.output.settle() {
+                        let reason = human_error(&FormatError::Io(e));
+                        report_failure(bar, &f.name, &reason);
+                        done.failed.push(Note {
+                            path: f.name,
+                            reason,
+                        });
+                        continue;
+                    }
                     group.push(f);
                     if group.len() >= group_max {
                         commit_group(&mut group, force, bar, &mut done);
@@ -383,7 +394,7 @@ fn writer(
     done
 }
 
-/// Settles, syncs (one `syncfs` per file system) and names a group of outputs.
+/// Syncs (one `syncfs` per file system) and names a group of settled outputs.
 fn commit_group(group: &mut Vec<Finished>, force: bool, bar: &ProgressBar, done: &mut Committed) {
     if group.is_empty() {
         return;
@@ -392,13 +403,7 @@ fn commit_group(group: &mut Vec<Finished>, force: bool, bar: &ProgressBar, done:
         report_failure(bar, &name, &reason);
         done.failed.push(Note { path: name, reason });
     };
-    let mut settled: Vec<Finished> = Vec::with_capacity(group.len());
-    for mut f in group.drain(..) {
-        match f.output.settle() {
-            Ok(()) => settled.push(f),
-            Err(e) => fail(f.name, human_error(&FormatError::Io(e)), done),
-        }
-    }
+    let settled: Vec<Finished> = std::mem::take(group);
     // A failed sync cannot say which file's data it lost: the whole group fails,
     // dropped unnamed, so nothing of it stays.
     let unsynced = dest::sync_file_systems(settled.iter().filter_map(|f| f.output.dir()))

@@ -540,6 +540,8 @@ impl Output {
                 // Written behind: settled once the writer thread wrote it all, which
                 // it has when it settles the output itself.
                 t.state.check()?;
+                // Nothing more is written: the output keeps no buffer while it waits.
+                t.buf = Vec::new();
                 let end = t.at;
                 t.temp()?.prepare(mode, end)
             }),
