@@ -271,8 +271,10 @@ pub const WRITE_QUEUE: usize = 16;
 const COMMIT_GROUP: usize = 1024;
 
 /// Finished outputs handed to the writer in one message: one wake-up of the writer
-/// for many small files (waking it per file cost more than writing them).
-const COMMIT_BATCH: usize = 32;
+/// for many small files (waking it per file cost more than writing them); each holds
+/// at most 32 KiB until the writer takes it, so a full queue holds at most 17 x 16 x
+/// 32 KiB = 8.5 MiB of them.
+const COMMIT_BATCH: usize = 16;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
 /// directory (shared by consecutive outputs of one directory, but not always).

@@ -11,7 +11,7 @@ use files_support::{assert_no_temporaries, run, stderr};
 /// Files in the tree: enough that one fsync each would show.
 const FILES: usize = 300;
 /// The most syncs such a tree may take: its commit groups (outputs finished while the
-/// writer was busy; at most one per 32 outputs handed over, plus one per batch) and
+/// writer was busy; at most one per 16 outputs handed over, plus one per batch) and
 /// the final one per file system. One per file would be 300 or more.
 const MAX_SYNCS: u64 = 40;
 /// The memory bound docs/format.md states.

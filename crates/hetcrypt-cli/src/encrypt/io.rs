@@ -22,10 +22,15 @@ use super::plan::Dest;
 /// much of a stalled stream's authenticated output waits unwritten.
 pub const WRITE_BUFFER: usize = 128 * 1024;
 
-/// A new output's buffer, and the most a finished output keeps for the writer thread
-/// to write when it names it: two chunks (a small file's whole ciphertext), so the
-/// outputs waiting to be named hold little memory each.
+/// The most a finished output keeps for the writer thread to write when it names it:
+/// two chunks (a small file's whole ciphertext), so the outputs waiting to be named
+/// hold little memory each.
 const SMALL_BUFFER: usize = 32 * 1024;
+
+/// A new output's buffer: one encrypted chunk and the headers, so a file of up to a
+/// chunk never grows its buffer, and the up to two windows of streams in flight hold
+/// little memory each.
+const FIRST_BUFFER: usize = 17 * 1024;
 
 /// Standard output's buffer: four chunks, so a reader downstream sees each batch's
 /// output promptly.
@@ -599,7 +604,7 @@ impl Write for Output {
             }
             Sink::Temp(t) => {
                 if t.buf.capacity() == 0 {
-                    t.buf.reserve(SMALL_BUFFER);
+                    t.buf.reserve(FIRST_BUFFER);
                 }
                 t.buf.extend_from_slice(buf);
                 if t.buf.len() >= WRITE_BUFFER {
