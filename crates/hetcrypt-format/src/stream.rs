@@ -117,12 +117,13 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// A zeroed buffer of `len` bytes, reusing one of `buffers` if there is one (fresh
-/// chunk memory is not free: the allocator gives it back to the kernel between
-/// batches, and each new page then costs a fault).
+/// A buffer of `len` bytes to read a chunk into, reusing one of `buffers` if there is
+/// one (fresh chunk memory is not free: the allocator gives it back to the kernel
+/// between batches, and each new page then costs a fault). A reused buffer keeps its
+/// old bytes, which the read overwrites or the caller cuts off: only its growth is
+/// zeroed (zeroing whole chunks cost a memset of every byte read).
 fn sized_buffer(buffers: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
     let mut buf = buffers.pop().unwrap_or_default();
-    buf.clear();
     buf.resize(len, 0);
     buf
 }
