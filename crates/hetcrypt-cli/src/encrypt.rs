@@ -7,6 +7,11 @@
 //! never through a symbolic link (see `dest`); an existing output is replaced only
 //! with `--force`; inputs are opened without following links and only read. One failing file does not stop
 //! the others; the exit status is 1 if any failed, and the summary lists them.
+//!
+//! Reading, the engines and writing overlap: the pipeline runs each batch beside the
+//! reading of the next, and a writer thread writes the outputs behind and names them
+//! in commit groups, each after one `syncfs` per file system; a last `syncfs` makes
+//! the names durable before exit 0 (docs/format.md, "Durability").
 
 mod dest;
 mod io;
