@@ -7,6 +7,11 @@
 //! never through a symbolic link (see `dest`); an existing output is replaced only
 //! with `--force`; inputs are opened without following links and only read. One failing file does not stop
 //! the others; the exit status is 1 if any failed, and the summary lists them.
+//!
+//! Reading, the engines and writing overlap: the pipeline runs each batch beside the
+//! reading of the next, and a writer thread writes the outputs behind and names them
+//! in commit groups, each after one `syncfs` per file system; a last `syncfs` makes
+//! the names durable before exit 0 (docs/format.md, "Durability").
 
 mod dest;
 mod io;
@@ -107,6 +112,13 @@ impl<S: Stream> Stream for Item<S> {
     ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
         self.stream.next_job(d)
     }
+    fn next_job_into(
+        &mut self,
+        d: &hetcrypt::Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> hetcrypt_format::Result<Option<hetcrypt::Job>> {
+        self.stream.next_job_into(d, buffers)
+    }
     fn finish(&mut self) -> hetcrypt_format::Result<()> {
         self.stream.finish()
     }
@@ -144,8 +156,8 @@ impl FileStream for DecryptStream<Input, Output> {
     }
 }
 
-/// A finished output on its way to the committer.
-struct Finished {
+/// A finished output on its way to the writer thread.
+pub struct Finished {
     name: String,
     output: Output,
     bytes: u64,
@@ -153,12 +165,46 @@ struct Finished {
     member: Option<(usize, Vec<u8>, [u8; 32])>,
 }
 
-/// Hands finished outputs to the committer, records failed ones (whose temporary
+/// What the writer thread is given, in order: buffers to write, and outputs to
+/// name once everything before them is written.
+pub enum ToWriter {
+    /// A buffer of an output, written at its offset.
+    Write(io::QueuedWrite),
+    /// Complete outputs, to name.
+    Commit(Vec<Finished>),
+}
+
+/// Hands finished outputs to the writer thread, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
-    commits: mpsc::SyncSender<Finished>,
+    commits: mpsc::SyncSender<ToWriter>,
+    /// Finished outputs not yet handed over: sent `batch` at a time (one message, one
+    /// wake-up of the writer, for many small files).
+    finished: Vec<Finished>,
+    batch: usize,
     failed: Vec<Note>,
     bar: &'a ProgressBar,
+}
+
+impl Tally<'_> {
+    /// Hands the finished outputs to the writer.
+    fn send_finished(&mut self) {
+        if self.finished.is_empty() {
+            return;
+        }
+        let finished = std::mem::replace(&mut self.finished, Vec::with_capacity(self.batch));
+        if let Err(mpsc::SendError(ToWriter::Commit(lost))) =
+            self.commits.send(ToWriter::Commit(finished))
+        {
+            // The writer is gone only if it panicked; joining reports it.
+            for f in lost {
+                self.failed.push(Note {
+                    path: f.name,
+                    reason: "internal error: the writer stopped".into(),
+                });
+            }
+        }
+    }
 }
 
 impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
@@ -176,12 +222,9 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
                     bytes,
                     member,
                 };
-                if let Err(mpsc::SendError(f)) = self.commits.send(finished) {
-                    // The committer is gone only if it panicked; joining reports it.
-                    self.failed.push(Note {
-                        path: f.name,
-                        reason: "internal error: the committer stopped".into(),
-                    });
+                self.finished.push(finished);
+                if self.finished.len() >= self.batch {
+                    self.send_finished();
                 }
             }
             Err(e) => {
@@ -201,6 +244,8 @@ impl<S: FileStream> Observer<Item<S>> for Tally<'_> {
     }
 
     fn batch(&mut self, report: &hetcrypt::Report) {
+        // The outputs finished in the round before go now.
+        self.send_finished();
         self.bar.inc(report.bytes);
     }
 }
@@ -210,7 +255,7 @@ fn report_failure(bar: &ProgressBar, path: &str, reason: &str) {
     bar.suspend(|| eprintln!("hetcrypt: {path}: {reason}"));
 }
 
-/// What the committer did.
+/// What the writer thread named.
 #[derive(Default)]
 struct Committed {
     ok: usize,
@@ -220,10 +265,21 @@ struct Committed {
     members: Vec<(usize, Vec<u8>, FileEntry)>,
 }
 
-/// Finished outputs waiting for their fsync and rename. The committer thread mostly
-/// waits on the disk, so with it the fsyncs overlap the reading and the crypto; 16
-/// outputs of at most 64 KiB of buffer each keep the queue's memory small.
-const COMMIT_QUEUE: usize = 16;
+/// Messages (buffers of at most [`io::WRITE_BUFFER`], or finished outputs) waiting
+/// for the writer thread: 16 x 128 KiB = 2 MiB of buffers at most.
+pub const WRITE_QUEUE: usize = 16;
+
+/// Finished outputs the writer names after one sync of their file system (a commit
+/// group): enough that 4,000 small files on a disk need a handful of syncs rather than
+/// one each. Each is written before it joins a group, so it holds only a descriptor
+/// until named (the open-files limit may make groups smaller).
+const COMMIT_GROUP: usize = 1024;
+
+/// Finished outputs handed to the writer in one message: one wake-up of the writer
+/// for many small files (waking it per file cost more than writing them); each holds
+/// at most 32 KiB until the writer takes it, so a full queue holds at most 17 x 16 x
+/// 32 KiB = 8.5 MiB of them.
+const COMMIT_BATCH: usize = 16;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
 /// directory (shared by consecutive outputs of one directory, but not always).
@@ -233,11 +289,26 @@ const FDS_PER_OUTPUT: u64 = 2;
 /// directory listing for leftovers, and room for error.
 const FD_MARGIN: u64 = 12;
 
+/// How much the run keeps in flight, within the open-files limit.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    /// Chunks per pipeline batch.
+    window: usize,
+    /// Messages waiting for the writer.
+    queue: usize,
+    /// Finished outputs per message to the writer.
+    commit_batch: usize,
+    /// Finished outputs per commit group (one sync).
+    group: usize,
+}
+
 /// How many outputs may be open at once: raises the soft open-files limit to the
 /// hard one where allowed, then shares what is left after the descriptors already
-/// open. Returns the pipeline's window and the commit queue's length, so that any
-/// `ulimit -n` of 64 or more works on any tree (a smaller window is only slower).
-fn bound_open_files() -> (usize, usize) {
+/// open, so that any `ulimit -n` of 64 or more works on any tree (smaller sizes are
+/// only slower). Open outputs: those of the streams in the pipeline (the batches being
+/// read, run and written: up to two windows and one), those finished and not yet
+/// sent, those in the writer's queue, and its group.
+fn bound_open_files() -> Sizes {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
     let soft = match (limit.current, limit.maximum) {
@@ -253,42 +324,118 @@ fn bound_open_files() -> (usize, usize) {
         }
         (cur, _) => cur,
     };
-    let Some(soft) = soft else {
-        return (hetcrypt_format::pipeline::WINDOW_CHUNKS, COMMIT_QUEUE);
-    };
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
-    let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
-    let outputs = usize::try_from(outputs).unwrap_or(usize::MAX).max(2);
-    let queue = (outputs / 4).clamp(1, COMMIT_QUEUE);
-    let window = (outputs - queue - 1).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
-    (window, queue)
+    let outputs = soft.map_or(usize::MAX, |soft| {
+        let outputs = soft.saturating_sub(open_now + FD_MARGIN) / FDS_PER_OUTPUT;
+        usize::try_from(outputs).unwrap_or(usize::MAX)
+    });
+    let outputs = outputs.max(4);
+    let group = (outputs / 4).clamp(1, COMMIT_GROUP);
+    let commit_batch = (outputs / 64).clamp(1, COMMIT_BATCH);
+    let queue = (outputs / (8 * commit_batch)).clamp(1, WRITE_QUEUE);
+    let left = outputs.saturating_sub(group + (queue + 1) * commit_batch + 1);
+    let window = (left / 2).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
+    Sizes {
+        window,
+        queue,
+        commit_batch,
+        group,
+    }
 }
 
-/// The committer: syncs and names each finished output, and syncs each directory
-/// named into once its run of outputs is over (trees are walked directory by
-/// directory), holding only one directory open.
-fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) -> Committed {
+/// The writer thread: writes the outputs' buffers as they come, and names finished
+/// outputs in groups: each finished output is settled (its last buffer written, mode
+/// and length set) and joins the group; once the queue is empty (or the group has
+/// `group_max` outputs), one `syncfs` per file system makes all their contents
+/// durable, then each is named. A group is thus every output finished while the
+/// writer was busy, the last sync included: the slower the disk, the fewer the syncs.
+/// Names and directories become durable with the run's final sync.
+fn writer(
+    queue: mpsc::Receiver<ToWriter>,
+    pool: &io::BufferPool,
+    force: bool,
+    group_max: usize,
+    bar: &ProgressBar,
+) -> Committed {
     let mut done = Committed::default();
-    let mut current: Option<dest::DirFd> = None;
-    let sync = |dir: dest::DirFd, done: &mut Committed| {
-        if let Err(e) = rustix::fs::fsync(&*dir.fd) {
-            let reason = format!("cannot sync the directory: {}", std::io::Error::from(e));
-            report_failure(bar, &plan::show(&dir.path), &reason);
-            done.failed.push(Note {
-                path: plan::show(&dir.path),
-                reason,
-            });
+    let mut group: Vec<Finished> = Vec::new();
+    loop {
+        let message = if group.is_empty() {
+            queue.recv().ok()
+        } else {
+            match queue.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::TryRecvError::Empty) => {
+                    commit_group(&mut group, force, bar, &mut done);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => None,
+            }
+        };
+        match message {
+            None => break,
+            Some(ToWriter::Write(w)) => w.run(pool),
+            Some(ToWriter::Commit(finished)) => {
+                for mut f in finished {
+                    // Its buffers are all written (they came first): the rest, if
+                    // any, is written now, so the group holds descriptors, not data.
+                    f.output.detach();
+                    if let Err(e) = f.output.settle() {
+                        let reason = human_error(&FormatError::Io(e));
+                        report_failure(bar, &f.name, &reason);
+                        done.failed.push(Note {
+                            path: f.name,
+                            reason,
+                        });
+                        continue;
+                    }
+                    group.push(f);
+                    if group.len() >= group_max {
+                        commit_group(&mut group, force, bar, &mut done);
+                    }
+                }
+            }
         }
+    }
+    commit_group(&mut group, force, bar, &mut done);
+    done
+}
+
+/// Syncs (one `syncfs` per file system) and names a group of settled outputs.
+fn commit_group(group: &mut Vec<Finished>, force: bool, bar: &ProgressBar, done: &mut Committed) {
+    if group.is_empty() {
+        return;
+    }
+    let fail = |name: String, reason: String, done: &mut Committed| {
+        report_failure(bar, &name, &reason);
+        done.failed.push(Note { path: name, reason });
     };
-    for Finished {
-        name,
-        output,
-        bytes,
-        member,
-    } in queue
-    {
-        match output.commit(force) {
-            Ok(dir) => {
+    let settled: Vec<Finished> = std::mem::take(group);
+    // A failed sync cannot say which file's data it lost: the whole group fails,
+    // dropped unnamed, so nothing of it stays.
+    let unsynced = dest::sync_file_systems(settled.iter().filter_map(|f| f.output.dir()))
+        .first()
+        .map(|(dir, e)| {
+            format!(
+                "cannot make it durable: syncing the file system of {} failed: {e}",
+                plan::show(&dir.path)
+            )
+        });
+    if let Some(reason) = unsynced {
+        for f in settled {
+            fail(f.name, reason.clone(), done);
+        }
+        return;
+    }
+    for f in settled {
+        let Finished {
+            name,
+            output,
+            bytes,
+            member,
+        } = f;
+        match output.name(force) {
+            Ok(_) => {
                 done.ok += 1;
                 done.bytes += bytes;
                 if let Some((tree, path, commitment)) = member {
@@ -298,28 +445,10 @@ fn committer(queue: mpsc::Receiver<Finished>, force: bool, bar: &ProgressBar) ->
                     };
                     done.members.push((tree, path, entry));
                 }
-                if let Some(dir) = dir {
-                    match current.take() {
-                        Some(cur) if cur.path == dir.path => current = Some(cur),
-                        Some(cur) => {
-                            sync(cur, &mut done);
-                            current = Some(dir);
-                        }
-                        None => current = Some(dir),
-                    }
-                }
             }
-            Err(e) => {
-                let reason = human_error(&FormatError::Io(e));
-                report_failure(bar, &name, &reason);
-                done.failed.push(Note { path: name, reason });
-            }
+            Err(e) => fail(name, human_error(&FormatError::Io(e)), done),
         }
     }
-    if let Some(cur) = current {
-        sync(cur, &mut done);
-    }
-    done
 }
 
 /// One sentence for a failed file.
@@ -451,8 +580,12 @@ fn run<S: FileStream>(
     // Directories made for the trees, with the modes they get once their files are in
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
-    let (window, queue_len) = bound_open_files();
-    let mut pipeline = Pipeline::new(engines, policy.as_ref())?.window(window);
+    let sizes = bound_open_files();
+    // A pipe may stall for as long as its writer pleases: reading it in turn with the
+    // batches lets each batch's output out before more is read.
+    let mut pipeline = Pipeline::new(engines, policy.as_ref())?
+        .window(sizes.window)
+        .overlap(!plan.reads_stdin());
     // Decrypting, each tree's manifest is read and authenticated before its files: the
     // inputs' trees now, those met inside a walk (a folder with its own manifest) as
     // the walk enters them. Manifests are small: one CPU lane reads them, beside the
@@ -482,11 +615,19 @@ fn run<S: FileStream>(
             }
         };
     load_new_trees(&plan, &mut trees, &mut plan_failed);
-    let (commits, queue) = mpsc::sync_channel(queue_len);
+    let (commits, queue) = mpsc::sync_channel(sizes.queue);
+    let pool = io::BufferPool::default();
     let (run_result, failed, committed) = std::thread::scope(|scope| {
-        let committer = scope.spawn(|| committer(queue, args.force, &bar));
+        let (writer_pool, bar_ref, force) = (pool.clone(), &bar, args.force);
+        let writer = scope.spawn(move || writer(queue, &writer_pool, force, sizes.group, bar_ref));
+        let behind = io::WriteBehind {
+            queue: commits.clone(),
+            pool: pool.clone(),
+        };
         let mut tally = Tally {
             commits,
+            finished: Vec::with_capacity(sizes.commit_batch),
+            batch: sizes.commit_batch,
             failed: Vec::new(),
             bar: &bar,
         };
@@ -566,7 +707,7 @@ fn run<S: FileStream>(
                         // open is reported as such, and is missing too).
                         trees[*index].seen.insert(path.clone());
                     }
-                    let output = Output::new(w.dest, mode);
+                    let output = Output::new(w.dest, mode).behind(behind.clone());
                     return Some(Item {
                         stream: make(input, output, size, binding),
                         name,
@@ -596,11 +737,15 @@ fn run<S: FileStream>(
             }
         });
         let run_result = pipeline.run(items, &mut tally);
+        tally.send_finished();
         let Tally {
             failed, commits, ..
         } = tally;
-        drop(commits); // ends the committer's queue
-        let committed = committer.join().expect("the committer does not panic");
+        // With the outputs' handles (gone with the pipeline's streams), this ends the
+        // writer's queue.
+        drop(commits);
+        drop(behind);
+        let committed = writer.join().expect("the writer does not panic");
         (run_result, failed, committed)
     });
     bar.finish_and_clear();
@@ -638,6 +783,19 @@ fn run<S: FileStream>(
         report_failure(&bar, &note.path, &note.reason);
         all_failed.push(note);
     }
+    // Durable before exit 0: one sync per file system written into makes every name
+    // given and every directory made or changed durable (the contents already were,
+    // group by group, before their names).
+    for (path, e) in dest::sync_touched() {
+        let note = Note {
+            path: plan::show(&path),
+            reason: format!(
+                "cannot make the outputs durable: syncing this file system failed: {e}"
+            ),
+        };
+        report_failure(&bar, &note.path, &note.reason);
+        all_failed.push(note);
+    }
 
     let seconds = start.elapsed().as_secs_f64();
     let summary = Summary {
@@ -661,6 +819,8 @@ fn run<S: FileStream>(
             0.0
         },
         dispatch: pipeline.stats().clone(),
+        syncs: dest::syncs(),
+        peak_rss_bytes: summary::peak_rss_bytes(),
         failed: all_failed,
         skipped,
     };

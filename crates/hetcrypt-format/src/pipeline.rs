@@ -4,7 +4,9 @@
 //! One round: take up to [`WINDOW_CHUNKS`] chunk jobs from the streams in order (the
 //! rest of the current message, then the next messages), run them as one dispatcher
 //! batch under the policy, hand every output back to its stream in order, finish the
-//! streams whose last chunk came back, repeat. A stream that fails (bad header, bad
+//! streams whose last chunk came back, repeat. Rounds overlap: while the engines run
+//! one batch, the streams write the previous batch's outputs and read the next
+//! batch's inputs, so reading, encrypting and writing go on at once. A stream that fails (bad header, bad
 //! chunk, I/O error) is finished with its error; the others go on.
 //!
 //! One dispatcher serves the whole run, so its lanes (and a device's sessions) stay
@@ -16,7 +18,7 @@ use std::collections::VecDeque;
 
 use hetcrypt::engine::EngineRef;
 use hetcrypt::policy::Policy;
-use hetcrypt::{Dispatcher, Job, JobOutput, KeyId, Report};
+use hetcrypt::{BatchResult, Dispatcher, Job, JobOutput, KeyId, Report};
 use serde::Serialize;
 
 use crate::error::{FormatError, Result};
@@ -28,12 +30,28 @@ use crate::error::{FormatError, Result};
 /// boards the seeds target.
 pub const WINDOW_CHUNKS: usize = 256;
 
+/// Windows in memory at once: one being read, one on the engines, one being written
+/// (the one being read and the one being written are the streams' buffers, the one on
+/// the engines has its inputs and outputs). See [`Pipeline::run`].
+pub const IN_FLIGHT_WINDOWS: usize = 3;
+
 /// One message in flight: hands out chunk jobs in order and takes their outputs back
 /// in the same order.
 pub trait Stream {
     /// The next chunk's job, or `None` when every chunk has been handed out. An error
     /// ends the stream.
     fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>>;
+
+    /// Like [`Stream::next_job`], and the stream may take the job's input buffer from
+    /// `buffers` (inputs of earlier batches, emptied). The default takes none.
+    fn next_job_into(
+        &mut self,
+        dispatcher: &Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> Result<Option<Job>> {
+        let _ = buffers;
+        self.next_job(dispatcher)
+    }
 
     /// The output of the earliest job handed out and not yet accepted. An error ends
     /// the stream. The default accepts it without keeping its buffer.
@@ -136,6 +154,17 @@ struct Slot<S> {
     stream: S,
     exhausted: bool,
     failed: Option<FormatError>,
+    /// Jobs handed out, and outputs come back (accepted, or dropped after a failure):
+    /// the stream is finished once it is exhausted and every output came back.
+    handed: u64,
+    returned: u64,
+}
+
+/// Chunk jobs filled for one batch, and the stream (by its number in the run) that
+/// each belongs to.
+struct Batch {
+    jobs: Vec<Job>,
+    owners: Vec<u64>,
 }
 
 /// Runs streams through a dispatcher in bounded windows.
@@ -143,7 +172,25 @@ pub struct Pipeline<'p> {
     dispatcher: Dispatcher,
     policy: &'p dyn Policy,
     window: usize,
+    overlap: bool,
     stats: Stats,
+}
+
+/// A batch that ran, joined: its jobs and result.
+type Ran = Option<(Batch, BatchResult)>;
+
+/// Waits for a running batch (a panic in it goes on here); its error if it could not
+/// be planned.
+fn finish_batch(
+    running: Option<std::thread::ScopedJoinHandle<'_, (Batch, hetcrypt::Result<BatchResult>)>>,
+) -> hetcrypt::Result<Ran> {
+    let Some(handle) = running else {
+        return Ok(None);
+    };
+    match handle.join() {
+        Ok((batch, result)) => result.map(|r| Some((batch, r))),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }
 
 impl std::fmt::Debug for Pipeline<'_> {
@@ -156,6 +203,126 @@ impl std::fmt::Debug for Pipeline<'_> {
     }
 }
 
+/// The streams of one run: those in flight, in order, and those not started.
+struct Flight<S, I> {
+    pending: I,
+    more: bool,
+    active: VecDeque<Slot<S>>,
+    /// The run's number of `active[0]`.
+    base: u64,
+    /// Keys of finished streams, removed from the dispatcher between two batches
+    /// (removing a key waits for the running batch).
+    retired: Vec<KeyId>,
+    /// Input buffers of batches that ran, for the streams to read into again (at most
+    /// a window's worth).
+    inputs: Vec<Vec<u8>>,
+}
+
+impl<S: Stream, I: Iterator<Item = S>> Flight<S, I> {
+    /// Reads up to `window` chunk jobs from the streams in order (the rest of the
+    /// current message, then the next messages).
+    fn fill(&mut self, dispatcher: &Dispatcher, window: usize) -> Batch {
+        let mut batch = Batch {
+            jobs: Vec::with_capacity(window),
+            owners: Vec::with_capacity(window),
+        };
+        while batch.jobs.len() < window {
+            let open = self.active.back().is_some_and(|s| !s.exhausted);
+            if !open {
+                if !self.more {
+                    break;
+                }
+                match self.pending.next() {
+                    Some(stream) => self.active.push_back(Slot {
+                        stream,
+                        exhausted: false,
+                        failed: None,
+                        handed: 0,
+                        returned: 0,
+                    }),
+                    None => {
+                        self.more = false;
+                        break;
+                    }
+                }
+            }
+            let owner = self.base + self.active.len() as u64 - 1;
+            let slot = self.active.back_mut().expect("pushed or open");
+            match slot.stream.next_job_into(dispatcher, &mut self.inputs) {
+                Ok(Some(job)) => {
+                    batch.jobs.push(job);
+                    batch.owners.push(owner);
+                    slot.handed += 1;
+                }
+                Ok(None) => slot.exhausted = true,
+                Err(e) => {
+                    slot.exhausted = true;
+                    slot.failed = Some(e);
+                }
+            }
+        }
+        batch
+    }
+
+    /// Hands a batch's outputs back to their streams, in order.
+    fn accept(
+        &mut self,
+        owners: &[u64],
+        outputs: Vec<hetcrypt::Result<JobOutput>>,
+        spare: &mut Vec<JobOutput>,
+    ) {
+        for (output, &owner) in outputs.into_iter().zip(owners) {
+            let slot = &mut self.active[(owner - self.base) as usize];
+            slot.returned += 1;
+            if slot.failed.is_none() {
+                if let Err(e) = slot.stream.accept_reusing(output, spare) {
+                    // A failed stream is asked for no more chunks: a bad chunk or a
+                    // full disk ends the file at once, not after reading the rest of
+                    // it (maybe a terabyte of padding).
+                    slot.failed = Some(e);
+                    slot.exhausted = true;
+                }
+            }
+        }
+    }
+
+    /// Finishes, in order, every stream whose chunks have all come back.
+    fn finish_ready(&mut self, observer: &mut impl Observer<S>) {
+        while self
+            .active
+            .front()
+            .is_some_and(|s| s.exhausted && s.returned == s.handed)
+        {
+            let Slot {
+                mut stream, failed, ..
+            } = self.active.pop_front().expect("front exists");
+            self.base += 1;
+            let result = match failed {
+                Some(e) => Err(e),
+                None => stream.finish(),
+            };
+            self.retire(stream, result, observer);
+        }
+    }
+
+    /// Ends a stream: its key is kept to be removed between batches; the observer is
+    /// told.
+    fn retire(&mut self, stream: S, result: Result<()>, observer: &mut impl Observer<S>) {
+        if let Some(key) = stream.key() {
+            self.retired.push(key);
+        }
+        observer.done(stream, result);
+    }
+
+    /// Removes the finished streams' keys; no batch may be running.
+    fn remove_keys(&mut self, dispatcher: &Dispatcher) {
+        for key in self.retired.drain(..) {
+            let removed = dispatcher.remove_key(key);
+            debug_assert!(removed.is_ok(), "a stream's key was removed twice");
+        }
+    }
+}
+
 impl<'p> Pipeline<'p> {
     /// A pipeline over these engines under `policy`.
     pub fn new(engines: Vec<EngineRef>, policy: &'p dyn Policy) -> Result<Self> {
@@ -163,6 +330,7 @@ impl<'p> Pipeline<'p> {
             dispatcher: Dispatcher::new(engines)?,
             policy,
             window: WINDOW_CHUNKS,
+            overlap: true,
             stats: Stats::default(),
         })
     }
@@ -170,6 +338,15 @@ impl<'p> Pipeline<'p> {
     /// Sets the number of chunks per batch (at least 1).
     pub fn window(mut self, chunks: usize) -> Self {
         self.window = chunks.max(1);
+        self
+    }
+
+    /// Whether batches overlap the streams' reading and writing (the default). Turn
+    /// it off for inputs that may stall, such as a pipe whose writer pauses: with
+    /// overlap, the outputs of the batch before wait until the next batch is read, so
+    /// a consumer downstream would wait for input that may never come.
+    pub fn overlap(mut self, overlap: bool) -> Self {
+        self.overlap = overlap;
         self
     }
 
@@ -185,124 +362,84 @@ impl<'p> Pipeline<'p> {
         &self.dispatcher
     }
 
-    /// Ends a stream: removes its key from the dispatcher (no batch is running) and
-    /// tells the observer.
-    fn done<S: Stream>(&self, stream: S, result: Result<()>, observer: &mut impl Observer<S>) {
-        if let Some(key) = stream.key() {
-            let removed = self.dispatcher.remove_key(key);
-            debug_assert!(removed.is_ok(), "a stream's key was removed twice");
-        }
-        observer.done(stream, result);
-    }
-
     /// Runs every stream to completion (or failure), telling `observer` about each.
     /// Fails as a whole only when a batch cannot be planned (e.g. a policy naming an
     /// engine that is not there); the streams in flight then end with that error too.
+    ///
+    /// Batches overlap the streams' I/O: while the engines run batch *n* (on a thread
+    /// of its own, its lanes on theirs), this thread writes the outputs of batch
+    /// *n - 1* and reads the inputs of batch *n + 1*. So at most [`IN_FLIGHT_WINDOWS`]
+    /// windows of inputs and as many of outputs are in memory.
     pub fn run<S: Stream>(
         &mut self,
         streams: impl IntoIterator<Item = S>,
         observer: &mut impl Observer<S>,
     ) -> Result<()> {
-        let mut pending = streams.into_iter();
-        let mut active: VecDeque<Slot<S>> = VecDeque::new();
-        let mut jobs: Vec<Job> = Vec::with_capacity(self.window);
-        let mut owners: Vec<usize> = Vec::with_capacity(self.window);
+        let mut flight = Flight {
+            pending: streams.into_iter(),
+            more: true,
+            active: VecDeque::new(),
+            base: 0,
+            retired: Vec::new(),
+            inputs: Vec::new(),
+        };
+        let (dispatcher, policy, window, overlap) =
+            (&self.dispatcher, self.policy, self.window, self.overlap);
+        let stats = &mut self.stats;
         // Output buffers the streams are done with, for the next batch to write into.
-        let mut spare: Vec<JobOutput> = Vec::with_capacity(self.window);
-        let mut more = true;
-        loop {
-            // Fill the window.
-            jobs.clear();
-            owners.clear();
-            while jobs.len() < self.window {
-                let open = active.back().is_some_and(|s| !s.exhausted);
-                if !open {
-                    if !more {
-                        break;
-                    }
-                    match pending.next() {
-                        Some(stream) => {
-                            active.push_back(Slot {
-                                stream,
-                                exhausted: false,
-                                failed: None,
-                            });
-                        }
-                        None => {
-                            more = false;
-                            break;
+        let mut spare: Vec<JobOutput> = Vec::with_capacity(window);
+        let outcome: hetcrypt::Result<()> = std::thread::scope(|scope| {
+            let mut running: Option<std::thread::ScopedJoinHandle<'_, _>> = None;
+            loop {
+                // Read the next batch while the engines run the current one.
+                let next = flight.fill(dispatcher, window);
+                let mut done = finish_batch(running.take())?;
+                // No batch runs now: the finished streams' keys can go.
+                flight.remove_keys(dispatcher);
+                if !next.jobs.is_empty() {
+                    let reuse = std::mem::take(&mut spare);
+                    running = Some(scope.spawn(move || {
+                        let result = dispatcher.run_reusing(&next.jobs, policy, reuse);
+                        (next, result)
+                    }));
+                }
+                if !overlap {
+                    // In turn: this batch's outputs are written before more is read.
+                    done = finish_batch(running.take())?;
+                }
+                // Write the outputs of the batch that ran while the next one runs.
+                if let Some((batch, result)) = done {
+                    stats.add(&result.report);
+                    observer.batch(&result.report);
+                    flight.accept(&batch.owners, result.outputs, &mut spare);
+                    for job in batch.jobs {
+                        if flight.inputs.len() < window {
+                            flight.inputs.push(job.input);
                         }
                     }
                 }
-                let index = active.len() - 1;
-                let slot = active.back_mut().expect("pushed or open");
-                match slot.stream.next_job(&self.dispatcher) {
-                    Ok(Some(job)) => {
-                        jobs.push(job);
-                        owners.push(index);
-                    }
-                    Ok(None) => slot.exhausted = true,
-                    Err(e) => {
-                        slot.exhausted = true;
-                        slot.failed = Some(e);
-                    }
+                flight.finish_ready(observer);
+                if running.is_none() && flight.active.is_empty() && !flight.more {
+                    return Ok(());
                 }
             }
-            if jobs.is_empty() && active.is_empty() && !more {
-                return Ok(());
+        });
+        if let Err(e) = outcome {
+            let reason = e.to_string();
+            for slot in std::mem::take(&mut flight.active) {
+                flight.retire(
+                    slot.stream,
+                    Err(FormatError::Engine(hetcrypt::Error::Policy {
+                        policy: self.policy.name(),
+                        reason: reason.clone(),
+                    })),
+                    observer,
+                );
             }
-
-            // Run the batch and hand the outputs back in order.
-            if !jobs.is_empty() {
-                let batch = match self.dispatcher.run_reusing(
-                    &jobs,
-                    self.policy,
-                    std::mem::take(&mut spare),
-                ) {
-                    Ok(batch) => batch,
-                    Err(e) => {
-                        let reason = e.to_string();
-                        for slot in active.drain(..) {
-                            self.done(
-                                slot.stream,
-                                Err(FormatError::Engine(hetcrypt::Error::Policy {
-                                    policy: self.policy.name(),
-                                    reason: reason.clone(),
-                                })),
-                                observer,
-                            );
-                        }
-                        return Err(e.into());
-                    }
-                };
-                self.stats.add(&batch.report);
-                observer.batch(&batch.report);
-                for (output, &owner) in batch.outputs.into_iter().zip(&owners) {
-                    let slot = &mut active[owner];
-                    if slot.failed.is_none() {
-                        if let Err(e) = slot.stream.accept_reusing(output, &mut spare) {
-                            // A failed stream is asked for no more chunks: a bad
-                            // chunk or a full disk ends the file at once, not after
-                            // reading the rest of it (maybe a terabyte of padding).
-                            slot.failed = Some(e);
-                            slot.exhausted = true;
-                        }
-                    }
-                }
-            }
-
-            // Finish every stream whose chunks have all come back: all but the last
-            // slot are exhausted, and the last one too when the window did not cut it.
-            while active.front().is_some_and(|s| s.exhausted) {
-                let Slot {
-                    mut stream, failed, ..
-                } = active.pop_front().expect("front exists");
-                let result = match failed {
-                    Some(e) => Err(e),
-                    None => stream.finish(),
-                };
-                self.done(stream, result, observer);
-            }
+            flight.remove_keys(&self.dispatcher);
+            return Err(e.into());
         }
+        flight.remove_keys(&self.dispatcher);
+        Ok(())
     }
 }

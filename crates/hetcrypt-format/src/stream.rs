@@ -117,6 +117,17 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// A buffer of `len` bytes to read a chunk into, reusing one of `buffers` if there is
+/// one (fresh chunk memory is not free: the allocator gives it back to the kernel
+/// between batches, and each new page then costs a fault). A reused buffer keeps its
+/// old bytes, which the read overwrites or the caller cuts off: only its growth is
+/// zeroed (zeroing whole chunks cost a memset of every byte read).
+fn sized_buffer(buffers: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+    let mut buf = buffers.pop().unwrap_or_default();
+    buf.resize(len, 0);
+    buf
+}
+
 /// Encrypts one message from a reader to a writer.
 pub struct EncryptStream<R, W> {
     reader: R,
@@ -220,6 +231,14 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
 
 impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
     fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+        self.next_job_into(dispatcher, &mut Vec::new())
+    }
+
+    fn next_job_into(
+        &mut self,
+        dispatcher: &Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> Result<Option<Job>> {
         if self.input_done {
             return Ok(None);
         }
@@ -227,7 +246,7 @@ impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
             self.keys = Some(self.start(dispatcher)?);
         }
         let keys = self.keys.as_ref().expect("set just above");
-        let mut chunk = vec![0u8; CHUNK_SIZE];
+        let mut chunk = sized_buffer(buffers, CHUNK_SIZE);
         let n = read_full(&mut self.reader, &mut chunk)?;
         chunk.truncate(n);
         // The one correct chunking: full chunks, then a final one that is shorter
@@ -424,6 +443,14 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
 
 impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
     fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+        self.next_job_into(dispatcher, &mut Vec::new())
+    }
+
+    fn next_job_into(
+        &mut self,
+        dispatcher: &Dispatcher,
+        buffers: &mut Vec<Vec<u8>>,
+    ) -> Result<Option<Job>> {
         if self.last.is_some() {
             return Ok(None);
         }
@@ -432,7 +459,7 @@ impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
         }
         let keys = self.keys.as_ref().expect("set just above");
         let full = keys.aead().full_chunk_len();
-        let mut piece = vec![0u8; full];
+        let mut piece = sized_buffer(buffers, full);
         let n = read_full(&mut self.reader, &mut piece)?;
         piece.truncate(n);
         self.input_bytes += n as u64;

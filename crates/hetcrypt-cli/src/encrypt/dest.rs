@@ -163,13 +163,12 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
             Err(e) => return Err(errno_message(&path, e)),
         };
     }
-    Ok((
-        DirFd {
-            fd: Arc::new(fd),
-            path,
-        },
-        created,
-    ))
+    let dir = DirFd {
+        fd: Arc::new(fd),
+        path,
+    };
+    touch(&dir);
+    Ok((dir, created))
 }
 
 /// The directory the last output went into: consecutive outputs of a tree share one
@@ -198,6 +197,74 @@ static LIVE: Mutex<BTreeMap<u64, (Arc<OwnedFd>, OsString)>> = Mutex::new(BTreeMa
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Directories already swept for leftovers in this run, by (device, inode).
 static SWEPT: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+/// File-system syncs made so far (`fsync` and `syncfs` calls), for the summary: the
+/// durability path is counted, so tests can see it taken.
+static SYNCS: AtomicU64 = AtomicU64::new(0);
+/// Every file system this run wrote into, by device: a directory on it, opened
+/// before the run's writes there, to sync it through (`syncfs` reports write-back
+/// errors that happened after the descriptor was opened).
+static TOUCHED: Mutex<BTreeMap<u64, DirFd>> = Mutex::new(BTreeMap::new());
+
+/// File-system syncs made so far in this run.
+pub fn syncs() -> u64 {
+    SYNCS.load(Ordering::Relaxed)
+}
+
+/// The device of the file system holding `dir`.
+fn device(dir: &DirFd) -> io::Result<u64> {
+    Ok(rustix::fs::fstat(&*dir.fd)?.st_dev)
+}
+
+/// Notes a file system the run writes into (through a directory opened on it).
+fn touch(dir: &DirFd) {
+    if let Ok(dev) = device(dir) {
+        let mut touched = TOUCHED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        touched.entry(dev).or_insert_with(|| dir.clone());
+    }
+}
+
+/// Syncs, once each, the file systems holding `dirs` (`syncfs`: every file's data
+/// and metadata there, names included). Returns the failures: the directory through
+/// which a file system failed to sync, and why.
+pub fn sync_file_systems<'a>(
+    dirs: impl IntoIterator<Item = &'a DirFd>,
+) -> Vec<(&'a DirFd, io::Error)> {
+    let mut seen = BTreeSet::new();
+    let mut failed = Vec::new();
+    for dir in dirs {
+        match device(dir) {
+            Ok(dev) if !seen.insert(dev) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                failed.push((dir, e));
+                continue;
+            }
+        }
+        SYNCS.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = rustix::fs::syncfs(&*dir.fd) {
+            failed.push((dir, e.into()));
+        }
+    }
+    failed
+}
+
+/// Syncs every file system the run wrote into, once each: after it, every name the
+/// run gave and every directory it made or changed is durable. Returns the failures
+/// (path of a directory on the file system, and why).
+pub fn sync_touched() -> Vec<(PathBuf, io::Error)> {
+    let touched: Vec<DirFd> = TOUCHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .values()
+        .cloned()
+        .collect();
+    sync_file_systems(&touched)
+        .into_iter()
+        .map(|(dir, e)| (dir.path.clone(), e))
+        .collect()
+}
 
 /// The registry, even if a thread panicked holding it (it stays consistent: each
 /// operation is one insert or remove).
@@ -298,7 +365,8 @@ fn anonymous_temporaries() -> bool {
 /// A temporary output file in a destination directory.
 #[derive(Debug)]
 pub struct Temp {
-    file: File,
+    /// Shared with the writer thread, which writes queued buffers into it.
+    file: Arc<File>,
     dir: DirFd,
     /// `Some((id, name))` for a named temporary, `None` for an anonymous one.
     named: Option<(u64, OsString)>,
@@ -337,7 +405,7 @@ impl Temp {
             match rustix::fs::openat(&*dir.fd, ".", flags, Mode::from_raw_mode(PRIVATE_MODE)) {
                 Ok(fd) => {
                     return Ok(Temp {
-                        file: File::from(fd),
+                        file: Arc::new(File::from(fd)),
                         dir,
                         named: None,
                     })
@@ -349,38 +417,47 @@ impl Temp {
         }
         let (file, id, name) = named_temp(&dir)?;
         Ok(Temp {
-            file,
+            file: Arc::new(file),
             dir,
             named: Some((id, name)),
         })
     }
 
-    /// The file, to write into.
-    pub fn file(&self) -> &File {
+    /// The file, to write into (at explicit offsets: holes are offsets not written).
+    pub fn file(&self) -> &Arc<File> {
         &self.file
     }
 
-    /// Leaves `n` bytes of zeros as a hole instead of writing them.
-    pub fn skip(&mut self, n: u64) -> io::Result<()> {
-        let n = i64::try_from(n).map_err(io::Error::other)?;
-        io::Seek::seek(&mut self.file, io::SeekFrom::Current(n)).map(drop)
+    /// The directory it will be named in.
+    pub fn dir(&self) -> &DirFd {
+        &self.dir
     }
 
-    /// Gives the temporary's content the name `name` in its directory, after setting
-    /// `mode` and syncing it. Without `force` an existing name is never replaced; with
-    /// it, only a regular file is (never a link or a directory). Returns the
-    /// directory, to sync once the run's renames are done.
-    pub fn commit(mut self, name: &OsStr, mode: Option<u32>, force: bool) -> io::Result<DirFd> {
-        let dest = self.dir.path.join(name);
+    /// Gets the content ready to be named: permission bits `mode`, and a length of
+    /// `end` bytes (a hole at the end, zeros skipped, is part of the file too).
+    pub fn prepare(&self, mode: Option<u32>, end: u64) -> io::Result<()> {
         if let Some(mode) = mode {
-            rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode))?;
+            rustix::fs::fchmod(&*self.file, Mode::from_raw_mode(mode))?;
         }
-        // A hole at the end (skipped zeros) is part of the file too.
-        let end = io::Seek::stream_position(&mut self.file)?;
         if self.file.metadata()?.len() < end {
             self.file.set_len(end)?;
         }
-        self.file.sync_all()?;
+        Ok(())
+    }
+
+    /// Makes the content durable on its own (one fsync): for outputs named alone,
+    /// outside a group whose file system is synced at once (see [`sync_file_systems`]).
+    pub fn sync(&self) -> io::Result<()> {
+        SYNCS.fetch_add(1, Ordering::Relaxed);
+        self.file.sync_all()
+    }
+
+    /// Gives the temporary's content, prepared and durable, the name `name` in its
+    /// directory. Without `force` an existing name is never replaced; with it, only a
+    /// regular file is (never a link or a directory). Returns the directory, whose
+    /// entry is durable once its file system is synced (at the end of the run).
+    pub fn name(mut self, name: &OsStr, force: bool) -> io::Result<DirFd> {
+        let dest = self.dir.path.join(name);
         match rustix::fs::statat(&*self.dir.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => match FileType::from_raw_mode(st.st_mode) {
                 _ if !force => return Err(exists(&dest)),
@@ -429,8 +506,17 @@ impl Temp {
         Ok(self.dir.clone())
     }
 
-    /// Links the anonymous file in as `name` (never replacing one).
+    /// Links the anonymous file in as `name` (never replacing one): by its descriptor
+    /// (`AT_EMPTY_PATH`, which Linux allows from 6.10 for a file the caller opened, and
+    /// with a capability before), else through /proc, whose path lookup costs more.
     fn link_anonymous(&self, name: &OsStr, dest: &Path) -> io::Result<()> {
+        match rustix::fs::linkat(&*self.file, "", &*self.dir.fd, name, AtFlags::EMPTY_PATH) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EXIST) => return Err(exists(dest)),
+            // Not allowed here (an older kernel, no capability): through /proc.
+            Err(Errno::NOENT | Errno::PERM | Errno::INVAL) => {}
+            Err(e) => return Err(errno_message(dest, e)),
+        }
         let proc = format!("/proc/self/fd/{}", self.file.as_raw_fd());
         let linked = rustix::fs::linkat(
             CWD,

@@ -6,7 +6,10 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
@@ -14,9 +17,28 @@ use rustix::io::Errno;
 use super::dest::{self, DirFd, Target, Temp};
 use super::plan::Dest;
 
-/// Output buffer: four chunks, so writes reach the kernel in large pieces while the
-/// outputs waiting in the commit queue stay small.
-const WRITE_BUFFER: usize = 64 * 1024;
+/// Output buffer: eight chunks, so writes reach the kernel in large pieces (half the
+/// system calls of 64 KiB); a small file's buffer only grows to its size. At most this
+/// much of a stalled stream's authenticated output waits unwritten.
+pub const WRITE_BUFFER: usize = 128 * 1024;
+
+/// The most a finished output keeps for the writer thread to write when it names it:
+/// two chunks (a small file's whole ciphertext), so the outputs waiting to be named
+/// hold little memory each.
+const SMALL_BUFFER: usize = 32 * 1024;
+
+/// A new output's buffer: one encrypted chunk and the headers, so a file of up to a
+/// chunk never grows its buffer, and the up to two windows of streams in flight hold
+/// little memory each.
+const FIRST_BUFFER: usize = 17 * 1024;
+
+/// Standard output's buffer: four chunks, so a reader downstream sees each batch's
+/// output promptly.
+const STDOUT_BUFFER: usize = 64 * 1024;
+
+/// Write buffers kept for reuse: as many as the writer's queue holds, and two being
+/// filled.
+const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 
 /// Permission bits an output may carry: never setuid, setgid or sticky (a decrypted
 /// file must not gain powers from whoever made the ciphertext).
@@ -282,15 +304,6 @@ fn test_swap_before_open(path: &Path) {
     }
 }
 
-impl Write for Temp {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file().write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// An OS error on the output side, worded to say so and to name the destination
 /// (errors already worded, which name their path, pass as they are).
 fn output_error(dest: &Dest, e: io::Error) -> io::Error {
@@ -312,16 +325,159 @@ fn output_error(dest: &Dest, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("cannot write {place}: {what}"))
 }
 
+/// An output's buffers written by another thread, and what it met there.
+#[derive(Debug, Default)]
+pub struct WriteState {
+    /// The first write error, until the output's owner takes it.
+    error: Mutex<Option<io::Error>>,
+    /// Whether a write failed (stays set once the error is taken).
+    failed: AtomicBool,
+}
+
+impl WriteState {
+    /// The write error met so far, if any (the first time: the error itself; after:
+    /// a reminder).
+    fn check(&self) -> io::Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let taken = self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        Err(taken.unwrap_or_else(|| io::Error::other("an earlier write failed")))
+    }
+
+    fn fail(&self, e: io::Error) {
+        let mut error = self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            *error = Some(e);
+        }
+    }
+}
+
+/// One buffer of an output, for the writer thread to write at its offset.
+pub struct QueuedWrite {
+    file: Arc<File>,
+    offset: u64,
+    data: Vec<u8>,
+    state: Arc<WriteState>,
+}
+
+impl QueuedWrite {
+    /// Writes the buffer (unless an earlier one of its file failed), records a
+    /// failure for the output's owner, and hands the buffer back to `pool`.
+    pub fn run(self, pool: &BufferPool) {
+        if !self.state.failed.load(Ordering::Acquire) {
+            if let Err(e) = self.file.write_all_at(&self.data, self.offset) {
+                self.state.fail(e);
+            }
+        }
+        pool.put(self.data);
+    }
+}
+
+/// Write buffers going round between the outputs and the writer thread, so a large
+/// file's buffers are allocated once.
+#[derive(Clone, Debug, Default)]
+pub struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl BufferPool {
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(WRITE_BUFFER))
+    }
+
+    fn put(&self, mut data: Vec<u8>) {
+        let mut pool = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pool.len() < POOL_BUFFERS && data.capacity() >= WRITE_BUFFER {
+            data.clear();
+            pool.push(data);
+        }
+    }
+}
+
+/// Where an output's full buffers go: the writer thread's queue (write-behind), so
+/// the thread that reads the inputs does not also wait on the writes.
+#[derive(Clone)]
+pub struct WriteBehind {
+    /// The writer's queue.
+    pub queue: mpsc::SyncSender<super::ToWriter>,
+    /// Buffers to fill next.
+    pub pool: BufferPool,
+}
+
+/// An output file being written: its pending buffer starts at offset `at`; its
+/// temporary is made when the first buffer is written (a small file's, by the writer
+/// thread when it names it).
+struct TempSink {
+    target: Target,
+    temp: Option<Temp>,
+    buf: Vec<u8>,
+    at: u64,
+    state: Arc<WriteState>,
+}
+
+impl TempSink {
+    /// The temporary, made now if it is not yet.
+    fn temp(&mut self) -> io::Result<&Temp> {
+        if self.temp.is_none() {
+            let parent = self.target.rel.parent().unwrap_or(Path::new(""));
+            let dir = dest::open_output_dir(&self.target.root, parent)?;
+            self.temp = Some(Temp::new(dir)?);
+        }
+        Ok(self.temp.as_ref().expect("made just above"))
+    }
+
+    /// Sends (or, without a writer thread, writes) the pending buffer.
+    fn flush_buf(&mut self, behind: Option<&WriteBehind>) -> io::Result<()> {
+        self.state.check()?;
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let len = self.buf.len() as u64;
+        let file = self.temp()?.file().clone();
+        match behind {
+            Some(b) => {
+                let data = std::mem::replace(&mut self.buf, b.pool.take());
+                let write = QueuedWrite {
+                    file,
+                    offset: self.at,
+                    data,
+                    state: self.state.clone(),
+                };
+                if b.queue.send(super::ToWriter::Write(write)).is_err() {
+                    return Err(io::Error::other("internal error: the writer stopped"));
+                }
+            }
+            None => {
+                file.write_all_at(&self.buf, self.at)?;
+                self.buf.clear();
+            }
+        }
+        self.at += len;
+        Ok(())
+    }
+}
+
 /// Where bytes go until the message is complete.
 enum Sink {
-    /// Nothing written yet.
-    Pending,
-    /// A temporary in the destination directory.
-    Temp(BufWriter<Temp>),
-    /// Straight to stdout. Safe for decryption too: a decrypt stream writes a chunk
-    /// only once it authenticated; a reader must still check the exit status, which
-    /// is the only sign that the message was complete.
-    Stdout(BufWriter<io::Stdout>),
+    /// A file, through a temporary in its destination directory.
+    Temp(TempSink),
+    /// Standard output (opened on first use). Safe for decryption too: a decrypt
+    /// stream writes a chunk only once it authenticated; a reader must still check the
+    /// exit status, which is the only sign that the message was complete.
+    Stdout(Option<BufWriter<io::Stdout>>),
 }
 
 /// An output that appears at its destination complete or not at all.
@@ -329,91 +485,151 @@ pub struct Output {
     dest: Dest,
     sink: Sink,
     mode: Option<u32>,
+    behind: Option<WriteBehind>,
 }
 
 impl Output {
-    /// An output to `dest`, given the permission bits `mode` when complete.
+    /// An output to `dest`, given the permission bits `mode` when complete, written by
+    /// the calling thread.
     pub fn new(dest: Dest, mode: Option<u32>) -> Self {
+        let sink = match &dest {
+            Dest::File(target) => Sink::Temp(TempSink {
+                target: target.clone(),
+                temp: None,
+                buf: Vec::new(),
+                at: 0,
+                state: Arc::default(),
+            }),
+            Dest::Stdout => Sink::Stdout(None),
+        };
         Output {
             dest,
-            sink: Sink::Pending,
+            sink,
             mode: mode.map(|m| m & FILE_MODE_BITS),
+            behind: None,
         }
+    }
+
+    /// The same, its full buffers written by the writer thread behind `behind`.
+    pub fn behind(mut self, behind: WriteBehind) -> Self {
+        self.behind = Some(behind);
+        self
     }
 
     fn output_error(&self, e: io::Error) -> io::Error {
         output_error(&self.dest, e)
     }
 
-    fn open(&mut self) -> io::Result<()> {
-        self.sink = match &self.dest {
-            Dest::File(target) => {
-                let parent = target.rel.parent().unwrap_or(Path::new(""));
-                let dir = dest::open_output_dir(&target.root, parent)?;
-                Sink::Temp(BufWriter::with_capacity(WRITE_BUFFER, Temp::new(dir)?))
-            }
-            Dest::Stdout => Sink::Stdout(BufWriter::with_capacity(WRITE_BUFFER, io::stdout())),
+    /// Stops writing behind: what is left is written by the caller (the writer thread
+    /// itself, once the output reaches it).
+    pub fn detach(&mut self) {
+        self.behind = None;
+    }
+
+    /// The directory the output is named in (`None`: standard output, or not settled).
+    pub fn dir(&self) -> Option<&DirFd> {
+        match &self.sink {
+            Sink::Temp(t) => t.temp.as_ref().map(Temp::dir),
+            Sink::Stdout(_) => None,
+        }
+    }
+
+    /// Gets a complete output ready to be named: everything written (and every
+    /// write-behind error reported), mode and length set; flushes stdout. Its content
+    /// is durable once its file system is synced.
+    pub fn settle(&mut self) -> io::Result<()> {
+        let behind = self.behind.clone();
+        let mode = self.mode;
+        let settled = match &mut self.sink {
+            Sink::Temp(t) => t.flush_buf(behind.as_ref()).and_then(|()| {
+                // Written behind: settled once the writer thread wrote it all, which
+                // it has when it settles the output itself.
+                t.state.check()?;
+                // Nothing more is written: the output keeps no buffer while it waits.
+                t.buf = Vec::new();
+                let end = t.at;
+                t.temp()?.prepare(mode, end)
+            }),
+            Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
-        Ok(())
+        settled.map_err(|e| self.output_error(e))
     }
 
-    /// Makes the output final: names the synced temporary as the destination
-    /// (refusing to replace an existing file unless `force`, and never a link), or
-    /// flushes stdout. Returns the directory whose entry changed: the new name is
-    /// durable once the caller has synced it (once per directory, at the end of the
-    /// run, rather than once per file).
-    pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
-        if matches!(self.sink, Sink::Pending) {
-            self.open().map_err(|e| self.output_error(e))?;
-        }
-        Self::commit_sink(self.sink, &self.dest, self.mode, force)
-            .map_err(|e| output_error(&self.dest, e))
-    }
-
-    fn commit_sink(
-        sink: Sink,
-        dest: &Dest,
-        mode: Option<u32>,
-        force: bool,
-    ) -> io::Result<Option<DirFd>> {
-        match (sink, dest) {
-            (Sink::Temp(w), Dest::File(target)) => {
-                let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
+    /// Names a settled, synced output at its destination (refusing to replace an
+    /// existing file unless `force`, and never a link). Returns the directory whose
+    /// entry changed: the name is durable once its file system is synced.
+    pub fn name(self, force: bool) -> io::Result<Option<DirFd>> {
+        let Output { dest, sink, .. } = self;
+        let named = match sink {
+            Sink::Temp(TempSink {
+                temp: Some(temp),
+                target,
+                ..
+            }) => {
                 let name = target.rel.file_name().unwrap_or_default();
-                tmp.commit(name, mode, force).map(Some)
+                temp.name(name, force).map(Some)
             }
-            (Sink::Stdout(mut w), _) => w.flush().map(|()| None),
-            (Sink::Temp(_), Dest::Stdout) | (Sink::Pending, _) => {
-                unreachable!("opened above, by its destination")
-            }
+            Sink::Temp(_) => unreachable!("settled, so its temporary exists"),
+            Sink::Stdout(_) => Ok(None),
+        };
+        named.map_err(|e| output_error(&dest, e))
+    }
+
+    /// Makes the output final on its own: settles it, syncs its content (one fsync)
+    /// and names it. For outputs outside the writer thread's groups (a tree's
+    /// manifest).
+    pub fn commit(mut self, force: bool) -> io::Result<Option<DirFd>> {
+        self.detach();
+        self.settle()?;
+        if let Sink::Temp(TempSink {
+            temp: Some(temp), ..
+        }) = &self.sink
+        {
+            temp.sync().map_err(|e| self.output_error(e))?;
         }
+        self.name(force)
     }
 }
 
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if matches!(self.sink, Sink::Pending) {
-            self.open().map_err(|e| self.output_error(e))?;
-        }
+        let behind = self.behind.as_ref();
         let written = match &mut self.sink {
-            Sink::Temp(w) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => w
-                .flush()
-                .and_then(|()| w.get_mut().skip(buf.len() as u64))
-                .map(|()| buf.len()),
-            Sink::Temp(w) => w.write(buf),
-            Sink::Stdout(w) => w.write(buf),
-            Sink::Pending => unreachable!("opened above"),
+            Sink::Temp(t) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => {
+                // A hole: the pending buffer goes first, then the offset moves on.
+                t.flush_buf(behind).map(|()| {
+                    t.at += buf.len() as u64;
+                    buf.len()
+                })
+            }
+            Sink::Temp(t) => {
+                if t.buf.capacity() == 0 {
+                    t.buf.reserve(FIRST_BUFFER);
+                }
+                t.buf.extend_from_slice(buf);
+                if t.buf.len() >= WRITE_BUFFER {
+                    t.flush_buf(behind).map(|()| buf.len())
+                } else {
+                    Ok(buf.len())
+                }
+            }
+            Sink::Stdout(w) => w
+                .get_or_insert_with(|| BufWriter::with_capacity(STDOUT_BUFFER, io::stdout()))
+                .write(buf),
         };
-        written.map_err(|e| self.output_error(e))
+        written.map_err(|e| output_error(&self.dest, e))
     }
 
+    /// Written behind, a small file's last buffer stays for the writer thread to write
+    /// when it names the file (one message for the whole file).
     fn flush(&mut self) -> io::Result<()> {
+        let behind = self.behind.as_ref();
         let flushed = match &mut self.sink {
-            Sink::Temp(w) => w.flush(),
-            Sink::Stdout(w) => w.flush(),
-            Sink::Pending => Ok(()),
+            Sink::Temp(t) if behind.is_some() && t.buf.len() < SMALL_BUFFER => t.state.check(),
+            Sink::Temp(t) => t.flush_buf(behind),
+            Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
-        flushed.map_err(|e| self.output_error(e))
+        flushed.map_err(|e| output_error(&self.dest, e))
     }
 }
 

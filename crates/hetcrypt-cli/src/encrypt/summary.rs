@@ -62,6 +62,12 @@ pub struct Summary {
     pub bytes_per_second: f64,
     /// What the dispatcher did, per engine.
     pub dispatch: Stats,
+    /// File-system syncs made (`syncfs` per commit group and at the end, `fsync` of a
+    /// tree's manifest): what made the outputs durable.
+    pub syncs: u64,
+    /// Peak resident memory of the process (the kernel's high-water mark, as
+    /// `getrusage`'s `ru_maxrss`), in bytes; 0 where /proc is not there.
+    pub peak_rss_bytes: u64,
     /// Every failure: path and reason.
     pub failed: Vec<Note>,
     /// Every skipped input: path and reason.
@@ -104,6 +110,19 @@ fn human(n: f64) -> String {
     }
 }
 
+/// The process's peak resident memory in bytes: `VmHWM` of /proc/self/status (what
+/// `getrusage` reports as `ru_maxrss`, without a system call binding); 0 if unknown.
+pub fn peak_rss_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 impl Summary {
     /// The summary for people, several lines.
     pub fn render(&self) -> String {
@@ -130,6 +149,12 @@ impl Summary {
         if self.files_skipped > 0 {
             s += &format!("; {} skipped", self.files_skipped);
         }
+        s += &format!(
+            "; {} sync{}, peak memory {}",
+            self.syncs,
+            if self.syncs == 1 { "" } else { "s" },
+            human(self.peak_rss_bytes as f64)
+        );
         s.push('\n');
         let total_jobs = self.dispatch.jobs.max(1) as f64;
         for e in &self.dispatch.engines {

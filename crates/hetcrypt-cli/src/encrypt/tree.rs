@@ -98,7 +98,7 @@ pub fn load(root: &TreeRoot, pipeline: &mut Pipeline<'_>, key: &[u8]) -> TreeSta
 }
 
 /// Encrypts `manifest` as the tree's manifest at the root of `out` and names it
-/// (replacing an older one only with `force`). Returns the directory to sync.
+/// (replacing an older one only with `force`). Returns its directory.
 fn write(
     out: &Target,
     manifest: &Manifest,
@@ -154,8 +154,8 @@ pub fn missing(trees: &[TreeState]) -> Vec<Note> {
 }
 
 /// Encrypting: writes each tree's manifest from the files of it now in place
-/// (`members`: tree index, path, entry) and syncs its directory; the notes of those
-/// that could not be written.
+/// (`members`: tree index, path, entry); the notes of those that could not be
+/// written.
 pub fn write_manifests(
     trees: &[TreeState],
     members: Vec<(usize, Vec<u8>, FileEntry)>,
@@ -174,14 +174,11 @@ pub fn write_manifests(
     }
     let mut notes = Vec::new();
     for (state, manifest) in trees.iter().zip(manifests) {
+        // Its content is synced before it is named; the name, with the run's others,
+        // by the final sync.
         let written = manifest
             .and_then(|m| write(&state.root.out, &m, pipeline, key, aead, force))
-            .and_then(|dir| match dir {
-                Some(dir) => rustix::fs::fsync(&*dir.fd).map_err(|e| {
-                    format!("cannot sync {}: {}", show(&dir.path), io::Error::from(e))
-                }),
-                None => Ok(()),
-            });
+            .map(drop);
         if let Err(reason) = written {
             notes.push(Note {
                 path: show(&state.root.out.path().join(MANIFEST_NAME)),
