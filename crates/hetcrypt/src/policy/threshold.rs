@@ -488,6 +488,29 @@ mod tests {
         assert_eq!(taken(s.as_ref(), 0), [0, 1, 2]);
     }
 
+    /// The small side is the `cpu`-kind engine wherever it stands in the dispatcher:
+    /// here second, so the large side is every other engine (the first), not the cpu.
+    #[test]
+    fn the_cpu_takes_the_small_jobs_when_it_is_not_the_first_engine() {
+        let mut engines = engines();
+        engines.reverse();
+        let lanes = lanes();
+        let jobs = [job(100, 3), job(5000, 3), job(50, 3), job(9000, 3)];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let policy = Threshold::fixed(1024);
+        assert_eq!(policy.name(), "threshold:1024");
+        assert_eq!(policy.bytes(), Some(1024));
+        assert_eq!(Threshold::calibrating().bytes(), None);
+        let s = policy.plan(&plan).unwrap();
+        assert_eq!(taken(s.as_ref(), 1), [0, 2], "the cpu: small jobs only");
+        assert_eq!(taken(s.as_ref(), 0), [1, 3], "the module: large jobs");
+    }
+
     /// A threshold given a stored calibration splits the very first batch at the stored
     /// crossover, measuring nothing; a class the store does not know is still measured.
     #[test]
