@@ -15,11 +15,12 @@ for t in "$@"; do
 	echo "=== $name ($(date +%T))"
 	start=$(cut -d' ' -f1 /proc/uptime)
 	out=/tmp/suite-$$.out
-	# The output goes to the log as it comes and to $out for the counts below.
+	# stdout goes to the log as it comes and to $out for the counts below (stderr
+	# goes its own way, as before).
 	{
 		"$t" --include-ignored --test-threads=1 --nocapture
 		echo $? >"$out.rc"
-	} 2>&1 | tee "$out"
+	} | tee "$out"
 	rc=$(cat "$out.rc")
 	# libtest's last line: "test result: ok. N passed; N failed; N ignored; ...".
 	result=$(grep '^test result:' "$out" | tail -n 1)
