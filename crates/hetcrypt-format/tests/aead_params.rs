@@ -1,9 +1,13 @@
 //! The AEADs' names and the lengths a message of each can have (found alive by `cargo
 //! mutants`, issue 25): the CLI and IANA names print and parse back, and the length
 //! check that fails a cut or padded file at once accepts exactly the lengths the AEAD
-//! can produce.
+//! can produce, and a decrypted chunk's length is checked against its place.
 
-use hetcrypt_format::Aead;
+mod common;
+
+use hetcrypt::{Dispatcher, JobOutput};
+use hetcrypt_format::aead::ChunkKeys;
+use hetcrypt_format::{Aead, FormatError, CHUNK_SIZE};
 
 #[test]
 fn aead_names_print_and_parse_back() {
@@ -76,5 +80,44 @@ fn only_lengths_the_aead_can_produce_pass_the_length_check() {
         (2 * full + 40, false),
     ] {
         assert_eq!(cbc.possible_chunks_len(len), possible, "{cbc}: {len} bytes");
+    }
+}
+
+/// Every chunk but the last is full, the last one shorter: a full last chunk means the
+/// final short chunk is missing, a short middle chunk that the key opened can only be
+/// an encryptor's doing.
+#[test]
+fn a_chunk_is_accepted_only_at_a_length_its_place_allows() {
+    let d = Dispatcher::new(common::cpu()).unwrap();
+    let aead = Aead::Aes128Gcm;
+    let keys = ChunkKeys::new(&d, aead, &[1; 16], &[2; 12]).unwrap();
+    let out = |len: usize| {
+        Ok(JobOutput {
+            data: vec![0; len],
+            tag: None,
+        })
+    };
+    assert_eq!(
+        keys.open_finish(0, out(CHUNK_SIZE), false).unwrap().len(),
+        CHUNK_SIZE
+    );
+    assert_eq!(
+        keys.open_finish(3, out(CHUNK_SIZE - 1), true)
+            .unwrap()
+            .len(),
+        CHUNK_SIZE - 1
+    );
+    assert!(keys.open_finish(3, out(0), true).unwrap().is_empty());
+    match keys.open_finish(3, out(CHUNK_SIZE), true) {
+        Err(FormatError::Truncated(why)) => assert!(why.contains("missing"), "{why}"),
+        other => panic!("a full last chunk: {other:?}"),
+    }
+    match keys.open_finish(2, out(CHUNK_SIZE - 1), false) {
+        Err(FormatError::Tampered { chunk: 2, .. }) => {}
+        other => panic!("a short middle chunk: {other:?}"),
+    }
+    match keys.open_finish(5, Err(hetcrypt::Error::AuthenticationFailed), true) {
+        Err(FormatError::Tampered { chunk: 5, .. }) => {}
+        other => panic!("a chunk that failed authentication: {other:?}"),
     }
 }

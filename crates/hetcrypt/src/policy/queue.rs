@@ -328,6 +328,36 @@ mod tests {
         assert_eq!(q.remaining(), 0);
     }
 
+    #[test]
+    fn a_gap_in_the_indices_breaks_a_run_of_one_engine_set() {
+        // Jobs 1 and 4 are not queued (a caller's own selection): jobs 0, 2, 3 and 5
+        // share one engine set but are not one run.
+        let m = EngineMask(0b1);
+        let q = GroupedQueue::from_masks([(0, m), (2, m), (3, m), (5, m)]);
+        assert_eq!(q.remaining(), 4);
+        let mut out = Vec::new();
+        assert_eq!(q.take(0, 10, &mut out), 4);
+        assert_eq!(out, vec![0, 2, 3, 5]);
+    }
+
+    #[test]
+    fn a_queue_knows_its_engines_and_peeks_without_taking() {
+        let (ab, bc) = (EngineMask(0b011), EngineMask(0b110));
+        let q = GroupedQueue::from_masks([(2, ab), (3, bc), (4, ab)]);
+        assert_eq!(q.engines(), EngineMask(0b111), "every engine some job may go to");
+        assert_eq!(q.peek(0), Some(2));
+        assert_eq!(q.peek(2), Some(3));
+        assert_eq!(q.peek(3), None, "engine 3 runs none");
+        let mut out = Vec::new();
+        assert_eq!(q.take(0, 1, &mut out), 1);
+        assert_eq!(q.peek(0), Some(4), "peeking took nothing");
+        assert_eq!(q.take(0, 5, &mut out), 1);
+        assert_eq!(out, vec![2, 4]);
+        assert_eq!(q.peek(0), None);
+        assert_eq!(q.peek(1), Some(3));
+        assert!(GroupedQueue::from_masks([]).engines().is_empty());
+    }
+
     /// Takes everything from `list` in pulls of `max`, then drains it.
     fn taken(list: &JobList, max: usize) -> (Vec<usize>, Vec<usize>) {
         let mut out = Vec::new();
