@@ -344,7 +344,11 @@ mod tests {
     fn a_queue_knows_its_engines_and_peeks_without_taking() {
         let (ab, bc) = (EngineMask(0b011), EngineMask(0b110));
         let q = GroupedQueue::from_masks([(2, ab), (3, bc), (4, ab)]);
-        assert_eq!(q.engines(), EngineMask(0b111), "every engine some job may go to");
+        assert_eq!(
+            q.engines(),
+            EngineMask(0b111),
+            "every engine some job may go to"
+        );
         assert_eq!(q.peek(0), Some(2));
         assert_eq!(q.peek(2), Some(3));
         assert_eq!(q.peek(3), None, "engine 3 runs none");
