@@ -362,6 +362,25 @@ mod tests {
         assert!(GroupedQueue::from_masks([]).engines().is_empty());
     }
 
+    #[test]
+    fn a_list_peeks_at_its_next_job_until_it_runs_out() {
+        let run = JobList::run(10, 3);
+        let listed = JobList::new(vec![7, 3, 9]);
+        for (list, order) in [(&run, [10, 11, 12]), (&listed, [7, 3, 9])] {
+            let mut out = Vec::new();
+            for want in order {
+                assert_eq!(list.peek(), Some(want));
+                assert_eq!(list.peek(), Some(want), "peeking takes nothing");
+                assert_eq!(list.take(1, &mut out), 1);
+            }
+            assert_eq!(out, order);
+            assert_eq!(list.peek(), None, "{order:?}: taken out");
+        }
+        let drained = JobList::run(4, 2);
+        assert_eq!(drained.drain(), vec![4, 5]);
+        assert_eq!(drained.peek(), None);
+    }
+
     /// Takes everything from `list` in pulls of `max`, then drains it.
     fn taken(list: &JobList, max: usize) -> (Vec<usize>, Vec<usize>) {
         let mut out = Vec::new();
