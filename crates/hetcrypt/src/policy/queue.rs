@@ -307,6 +307,8 @@ mod tests {
         assert_eq!(built(&[0..3, 5..6, 6..8]), vec![0, 1, 2, 5, 6, 7]);
         assert_eq!(built(&[4..5, 9..10, 11..13]), vec![4, 9, 11, 12]);
         assert_eq!(built(&[]), Vec::<usize>::new());
+        // 3 * 3 is 9: a run is continued only by the index right after its end.
+        assert_eq!(built(&[3..6, 9..10]), vec![3, 4, 5, 9]);
     }
 
     #[test]
@@ -406,6 +408,9 @@ mod tests {
             assert!(run.drain().is_empty());
         }
         assert!(JobList::run(3, 0).is_empty());
+        assert!(!JobList::run(3, 1).is_empty());
+        assert!(!JobList::new(vec![0]).is_empty());
+        assert!(JobList::new(Vec::new()).is_empty());
         assert_eq!(JobList::run(3, 0).take(4, &mut Vec::new()), 0);
     }
 }
