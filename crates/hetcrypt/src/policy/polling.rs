@@ -313,6 +313,30 @@ mod tests {
         assert!(!s.next(0, 1, &mut first), "engine 0 can run none of these");
     }
 
+    /// Closing a slot hands back the jobs placed in it and not yet picked up (the
+    /// lane was about to wake for them when its engine failed): they must not be lost.
+    #[test]
+    fn closing_a_slot_returns_the_jobs_it_held_and_stops_its_lane() {
+        let lane = LaneSlot {
+            engine: 1,
+            wants: AtomicUsize::new(2),
+            closed: AtomicBool::new(false),
+            slot: Mutex::new(Slot {
+                jobs: vec![4, 7],
+                wants: 2,
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        };
+        assert_eq!(lane.close(), vec![4, 7]);
+        assert!(lane.closed.load(Ordering::Acquire));
+        assert_eq!(lane.wants.load(Ordering::Acquire), 0);
+        let slot = lane.lock();
+        assert!(slot.closed && slot.wants == 0 && slot.jobs.is_empty());
+        drop(slot);
+        assert!(lane.close().is_empty(), "handed back once");
+    }
+
     #[test]
     fn the_dispatcher_thread_ends_when_dropped_or_when_all_slots_close() {
         let (engines, lanes, jobs) = (engines(), lanes(), jobs(0, 0b11));
