@@ -353,3 +353,31 @@ fn an_encryption_reports_the_key_commitment_it_wrote() {
     let at = WRAPPER_LEN + SALT_LEN;
     assert_eq!(reported[..], ct[at..at + COMMITMENT_LEN]);
 }
+
+/// A decryption knows the AEAD once it has read the header: the one the file names.
+#[test]
+fn a_decryption_reports_the_aead_the_header_names() {
+    let key = [6u8; 32];
+    for aead in Aead::ALL {
+        let key = &key[..aead.key_len()];
+        let ct = common::seal(
+            &common::cpu(),
+            &Pull,
+            key,
+            SealParams::new(aead),
+            b"some plaintext",
+            4,
+        )
+        .unwrap();
+        let opened = DecryptStream::new(&ct[..], Vec::new(), key, OpenParams::Hetcrypt);
+        assert_eq!(opened.aead(), None, "{aead}: no header read yet");
+        let mut results = Results(Vec::new());
+        Pipeline::new(common::cpu(), &Pull)
+            .unwrap()
+            .run([opened], &mut results)
+            .unwrap();
+        let (stream, result) = results.0.pop().expect("one stream");
+        result.unwrap();
+        assert_eq!(stream.aead(), Some(aead));
+    }
+}
