@@ -14,7 +14,7 @@ fn a_manifest_is_empty_until_a_file_is_listed() {
         size: 5,
         commitment: [3; 32],
     };
-    m.insert(b"a/b.txt", entry.clone()).unwrap();
+    m.insert(b"a/b.txt", entry).unwrap();
     assert!(!m.is_empty());
     assert_eq!(m.len(), 1);
     assert_eq!(m.get(b"a/b.txt"), Some(&entry));
