@@ -448,6 +448,28 @@ mod tests {
         );
     }
 
+    /// The moving average: the first sample as is, then half-way towards a lower one
+    /// (FASTER_SHIFT) and an eighth of the way towards a higher one (SLOWER_SHIFT),
+    /// a higher one capped at OUTLIER_CAP times the average, and never 0.
+    #[test]
+    fn the_average_moves_half_way_down_an_eighth_up_and_caps_outliers() {
+        let slot = AtomicU64::new(0);
+        let after = |ns: u64| {
+            fold(&slot, ns);
+            slot.load(Ordering::Relaxed)
+        };
+        assert_eq!(after(100), 100, "the first sample");
+        assert_eq!(after(40), 100 - 50 + 20, "half-way down");
+        assert_eq!(after(70), 70, "equal: unchanged");
+        assert_eq!(after(120), 70 - 8 + 15, "an eighth up");
+        assert_eq!(after(1_000_000), 77 - 9 + 19, "capped at twice the average");
+        let zero = AtomicU64::new(0);
+        fold(&zero, 0);
+        assert_eq!(zero.load(Ordering::Relaxed), 1, "never 0: 0 means unmeasured");
+        fold(&zero, 0);
+        assert_eq!(zero.load(Ordering::Relaxed), 1);
+    }
+
     #[test]
     fn modes_are_named_as_the_configuration_spells_them() {
         assert_eq!(RouterMode::Balanced.name(), "balanced");
