@@ -465,9 +465,45 @@ mod tests {
         assert_eq!(after(1_000_000), 77 - 9 + 19, "capped at twice the average");
         let zero = AtomicU64::new(0);
         fold(&zero, 0);
-        assert_eq!(zero.load(Ordering::Relaxed), 1, "never 0: 0 means unmeasured");
+        assert_eq!(
+            zero.load(Ordering::Relaxed),
+            1,
+            "never 0: 0 means unmeasured"
+        );
         fold(&zero, 0);
         assert_eq!(zero.load(Ordering::Relaxed), 1);
+    }
+
+    /// What the router reports having measured: each site with a cost, by cipher,
+    /// direction and the smallest length of its size class, in site order; a cipher
+    /// index past the router's count shares the last cipher's sites.
+    #[test]
+    fn estimates_list_every_measured_site_with_its_class() {
+        let r = CallRouter::new(RouterMode::Balanced, 3, None);
+        let at = |cipher, encrypt, len| CallSite {
+            cipher,
+            encrypt,
+            len,
+        };
+        assert!(r.estimates().is_empty(), "nothing measured");
+        r.observe_cpu(at(2, false, 3000), 500);
+        r.seed_module(at(1, true, 0), 700);
+        r.observe_module(at(0, true, 1), 30);
+        r.observe_cpu(at(7, true, 1 << 30), 9);
+        assert_eq!(
+            r.estimates(),
+            [
+                (0, true, 1, 0, 30),
+                (1, true, 0, 0, 700),
+                (2, true, 1 << 19, 9, 0),
+                (2, false, 2048, 500, 0),
+            ]
+        );
+        let lengths: Vec<usize> = CallRouter::class_lengths().collect();
+        assert_eq!(lengths.len(), CLASSES - 1);
+        assert_eq!(lengths[..4], [1, 2, 4, 8]);
+        assert_eq!(lengths.last(), Some(&(1 << 19)));
+        assert!(lengths.windows(2).all(|w| w[1] == 2 * w[0]));
     }
 
     #[test]
