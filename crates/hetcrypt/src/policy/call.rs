@@ -506,6 +506,28 @@ mod tests {
         assert!(lengths.windows(2).all(|w| w[1] == 2 * w[0]));
     }
 
+    /// A check of an unmeasured module is one timed call and BURST - 1 untimed ones
+    /// sent its way, then a new check: the burst counts down and ends.
+    #[test]
+    fn a_burst_of_module_calls_counts_down_and_ends() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(4096), 1000);
+        for round in 0..2 {
+            assert_eq!(
+                r.route(site(4096)),
+                Route::ModuleIfFree { else_timed: true },
+                "round {round}: a check starts"
+            );
+            for call in 1..BURST {
+                assert_eq!(
+                    r.route(site(4096)),
+                    Route::ModuleIfFree { else_timed: false },
+                    "round {round}: call {call} of the burst"
+                );
+            }
+        }
+    }
+
     #[test]
     fn modes_are_named_as_the_configuration_spells_them() {
         assert_eq!(RouterMode::Balanced.name(), "balanced");
