@@ -528,6 +528,18 @@ mod tests {
         }
     }
 
+    /// A module exactly WAIT_FACTOR times cheaper is not yet worth waiting for: its
+    /// calls go to a free lane or stay in-line, never wait.
+    #[test]
+    fn a_module_exactly_twice_as_cheap_is_not_waited_for() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(4096), 2000);
+        r.seed_module(site(4096), 2000 / WAIT_FACTOR);
+        assert!((0..1000).all(|_| r.route(site(4096)) != Route::Module));
+        r.seed_module(site(4096), 2000 / WAIT_FACTOR - 1);
+        assert!((0..1000).any(|_| r.route(site(4096)) == Route::Module));
+    }
+
     #[test]
     fn modes_are_named_as_the_configuration_spells_them() {
         assert_eq!(RouterMode::Balanced.name(), "balanced");
