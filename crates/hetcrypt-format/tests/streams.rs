@@ -330,3 +330,54 @@ fn hash_names_print_and_parse_back() {
     assert_eq!(Hash::from_id(0), None);
     assert_eq!(Hash::from_id(3), None);
 }
+
+/// The commitment an encryption reports (what a tree's manifest records of the
+/// message) is the one in the header it wrote, after the wrapper and the salt.
+#[test]
+fn an_encryption_reports_the_key_commitment_it_wrote() {
+    use hetcrypt_format::header::WRAPPER_LEN;
+    use hetcrypt_format::{COMMITMENT_LEN, SALT_LEN};
+    let key = [9u8; 16];
+    let pt = common::pattern(100, 4);
+    let sealed = EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm));
+    assert_eq!(sealed.commitment(), None, "nothing written yet");
+    let mut results = Results(Vec::new());
+    Pipeline::new(common::cpu(), &Pull)
+        .unwrap()
+        .run([sealed], &mut results)
+        .unwrap();
+    let (stream, result) = results.0.pop().expect("one stream");
+    result.unwrap();
+    let reported = stream.commitment().expect("the header was written");
+    let ct = stream.into_parts().1;
+    let at = WRAPPER_LEN + SALT_LEN;
+    assert_eq!(reported[..], ct[at..at + COMMITMENT_LEN]);
+}
+
+/// A decryption knows the AEAD once it has read the header: the one the file names.
+#[test]
+fn a_decryption_reports_the_aead_the_header_names() {
+    let key = [6u8; 32];
+    for aead in Aead::ALL {
+        let key = &key[..aead.key_len()];
+        let ct = common::seal(
+            &common::cpu(),
+            &Pull,
+            key,
+            SealParams::new(aead),
+            b"some plaintext",
+            4,
+        )
+        .unwrap();
+        let opened = DecryptStream::new(&ct[..], Vec::new(), key, OpenParams::Hetcrypt);
+        assert_eq!(opened.aead(), None, "{aead}: no header read yet");
+        let mut results = Results(Vec::new());
+        Pipeline::new(common::cpu(), &Pull)
+            .unwrap()
+            .run([opened], &mut results)
+            .unwrap();
+        let (stream, result) = results.0.pop().expect("one stream");
+        result.unwrap();
+        assert_eq!(stream.aead(), Some(aead));
+    }
+}

@@ -9,7 +9,8 @@
 mod common;
 
 use common::{
-    bind, check_report, engines, job, run_batch, scaled, seed, Case, CaseKey, Fail, Failures, Rig,
+    bind, check_report, engines, job, run_batch, scaled, seed, Case, CaseKey, Coverage, Fail,
+    Failures, Rig,
 };
 use hetcrypt::cipher::BLOCK_LEN;
 use hetcrypt::engine::cpu::CpuEngine;
@@ -265,6 +266,7 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
     let names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     let shared = Dispatcher::new(engines.clone()).expect("distinct engine names");
     let mut failures = Failures::default();
+    let mut coverage = Coverage::default();
     let mut unknown = Vec::new();
     let policies: Vec<String> = names
         .iter()
@@ -325,6 +327,14 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
             .filter(|o| matches!(o, Err(Error::UnknownKey(_))))
             .count();
         let done: usize = r.engines.iter().map(|e| e.jobs).sum::<usize>() + up_front;
+        if let Some(engine) = only {
+            let ran = r
+                .engines
+                .iter()
+                .find(|e| e.name == engine)
+                .map_or(0, |e| e.jobs);
+            coverage.ran(engine, ran);
+        }
         if fault.is_none() {
             check_report(&mut failures, &path, &batch, jobs.len());
             if let Some(engine) = only {
@@ -372,6 +382,7 @@ fn check_under_every_policy(suite: &str, cases: &[Case], fault: Option<usize>) {
             "policy::by_name does not know {unknown:?}: every policy of DESIGN.md section 2 must be registered"
         ));
     }
+    coverage.report(&format!("{suite} under only:<engine>"), &mut failures);
     failures.assert_none(suite);
 }
 
@@ -417,11 +428,14 @@ fn check_fail_over(failures: &mut Failures, path: &str, policy: &str, r: &Report
 /// the `cpu` engine with each of its implementations forced).
 fn check_on_every_engine(suite: &str, cases: &[Case]) {
     let mut failures = Failures::default();
+    let mut coverage = Coverage::default();
     for engine in engines().into_iter().chain(common::cpu_implementations()) {
         let mut rig = Rig::new(engine);
         let ran = rig.check(cases, &mut failures);
         eprintln!("{suite}: {}: {ran} of {} jobs", rig.name(), cases.len());
+        coverage.ran(rig.name(), ran);
     }
+    coverage.report(suite, &mut failures);
     failures.assert_none(suite);
 }
 

@@ -150,3 +150,139 @@ impl Lane for FaultyLane {
         self.inner.forget_keys(ids)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::tests::{Stub, STUB_CIPHER, STUB_MAX_LEN};
+    use crate::Key;
+
+    fn wrapped(tuned: bool, fault: Fault) -> FaultyEngine {
+        FaultyEngine::new("flaky", Arc::new(Stub { tuned }), fault)
+    }
+
+    #[test]
+    fn a_faulty_engine_describes_itself_as_its_inner_engine_under_its_own_name() {
+        let e = wrapped(true, Fault::AfterJobs(1)).into_engine();
+        assert_eq!(e.name(), "flaky");
+        let info = e.info();
+        assert_eq!(
+            (info.name.as_str(), info.kind),
+            ("flaky", EngineKind::FaultInjection)
+        );
+        assert_eq!(info.lanes, 3);
+        assert_eq!(info.ciphers, Stub { tuned: true }.info().ciphers);
+        assert_eq!(e.lanes(), 3);
+        assert!(e.supports(STUB_CIPHER, Direction::Encrypt));
+        assert!(!e.supports(STUB_CIPHER, Direction::Decrypt));
+        assert_eq!(e.max_batch(), 8);
+        assert_eq!(e.batch_width(STUB_CIPHER, Direction::Encrypt), 4);
+        assert_eq!(e.batch_width(Cipher::AES_128_GCM, Direction::Encrypt), 2);
+        assert!(!e.uses_host_cpu());
+        assert!(wrapped(false, Fault::OnOpen).uses_host_cpu());
+    }
+
+    #[test]
+    fn the_job_size_limit_is_the_tighter_of_the_wrappers_and_the_inner_engines() {
+        let enc = Direction::Encrypt;
+        let gcm = Cipher::AES_128_GCM;
+        // Neither declares one / only the inner / only the wrapper / both.
+        assert_eq!(
+            wrapped(false, Fault::OnOpen).max_job_len(STUB_CIPHER, enc),
+            None
+        );
+        assert_eq!(
+            wrapped(true, Fault::OnOpen).max_job_len(STUB_CIPHER, enc),
+            Some(STUB_MAX_LEN)
+        );
+        let limited = wrapped(true, Fault::OnOpen).with_max_job_len(300);
+        assert_eq!(
+            limited.max_job_len(gcm, enc),
+            Some(300),
+            "the inner has none"
+        );
+        assert_eq!(limited.max_job_len(STUB_CIPHER, enc), Some(300));
+        let loose = wrapped(true, Fault::OnOpen).with_max_job_len(5000);
+        assert_eq!(loose.max_job_len(STUB_CIPHER, enc), Some(STUB_MAX_LEN));
+    }
+
+    fn job(keys: &KeyStore, input: usize, aad: usize) -> Job {
+        let key = keys.add(Key::new(vec![1; 16])).expect("a 16-byte key");
+        Job::new(
+            STUB_CIPHER,
+            Direction::Encrypt,
+            key,
+            [0; 16],
+            vec![0x0f; input],
+        )
+        .aad(vec![0; aad])
+    }
+
+    #[test]
+    fn jobs_run_until_the_fault_then_every_job_fails_as_the_engine() {
+        let keys = KeyStore::new();
+        let e = wrapped(false, Fault::AfterJobs(2));
+        // The count is shared by the lanes.
+        let mut lanes = [e.open_lane(0).unwrap(), e.open_lane(1).unwrap()];
+        let mut out = JobOutput::default();
+        lanes[0].run(&job(&keys, 4, 0), &keys, &mut out).unwrap();
+        assert_eq!(out.data, [0xf0; 4], "the inner engine ran it");
+        lanes[1].run(&job(&keys, 2, 0), &keys, &mut out).unwrap();
+        for lane in &mut lanes {
+            match lane.run(&job(&keys, 1, 0), &keys, &mut out) {
+                Err(Error::EngineFailed { engine, reason }) => {
+                    assert_eq!(engine, "flaky");
+                    assert!(reason.contains("after 2 jobs"), "{reason}");
+                }
+                other => panic!("the third job: {other:?}"),
+            }
+        }
+        let none = wrapped(false, Fault::AfterJobs(0));
+        let r = none
+            .open_lane(0)
+            .unwrap()
+            .run(&job(&keys, 1, 0), &keys, &mut out);
+        assert!(matches!(r, Err(Error::EngineFailed { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_fault_on_open_refuses_lanes_and_no_fault_yet_opens_them() {
+        match wrapped(false, Fault::OnOpen).open_lane(0) {
+            Err(Error::EngineUnavailable { engine, .. }) => assert_eq!(engine, "flaky"),
+            other => panic!("opened: {:?}", other.err()),
+        }
+        assert!(wrapped(false, Fault::AfterJobs(1)).open_lane(0).is_ok());
+    }
+
+    #[test]
+    fn a_job_above_the_limit_counting_its_aad_is_refused_and_not_counted() {
+        let keys = KeyStore::new();
+        let e = wrapped(false, Fault::AfterJobs(1)).with_max_job_len(10);
+        let mut lane = e.open_lane(0).unwrap();
+        let mut out = JobOutput::default();
+        // 6 + 5 = 11 bytes: too large; 6 - 5 or 6 * 5 would misjudge it.
+        match lane.run(&job(&keys, 6, 5), &keys, &mut out) {
+            Err(Error::TooLarge {
+                engine, len, max, ..
+            }) => {
+                assert_eq!((engine.as_str(), len, max), ("flaky", 11, 10));
+            }
+            other => panic!("11 bytes over a limit of 10: {other:?}"),
+        }
+        // 4 + 6 = 10 bytes, exactly the limit: runs (the only good job, as the
+        // refusal did not count).
+        lane.run(&job(&keys, 4, 6), &keys, &mut out)
+            .expect("a job of exactly the limit runs");
+        // 2 + 3 = 5 bytes: well under (2 * 3 = 6 would still pass; the count fails it).
+        let r = lane.run(&job(&keys, 2, 3), &keys, &mut out);
+        assert!(matches!(r, Err(Error::EngineFailed { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn forgetting_keys_is_left_to_the_inner_lane() {
+        let e = wrapped(true, Fault::AfterJobs(0));
+        let mut lane = e.open_lane(0).unwrap();
+        assert!(lane.forget_keys(&[KeyId(3)]));
+        assert!(!lane.forget_keys(&[]));
+    }
+}

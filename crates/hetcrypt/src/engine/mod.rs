@@ -267,3 +267,288 @@ pub trait Lane: Send {
         false
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::Error;
+
+    /// A stand-in engine for unit tests: it "encrypts" AES-128-CTR (only) by flipping
+    /// every input bit. Plain, it keeps every default of [`Engine`] and [`Lane`];
+    /// tuned, it overrides each with a value no default or constant gives.
+    pub(crate) struct Stub {
+        pub(crate) tuned: bool,
+    }
+
+    /// The one cipher the stub runs, and the job size limit a tuned stub declares.
+    pub(crate) const STUB_CIPHER: Cipher = Cipher::AES_128_CTR;
+    pub(crate) const STUB_MAX_LEN: usize = 1000;
+
+    impl Engine for Stub {
+        fn name(&self) -> &str {
+            "stub"
+        }
+
+        fn info(&self) -> EngineInfo {
+            EngineInfo {
+                name: "stub".to_string(),
+                kind: EngineKind::Cpu,
+                lanes: 3,
+                ciphers: vec![CipherDriver {
+                    cipher: STUB_CIPHER,
+                    driver: "bit-flip".to_string(),
+                    priority: None,
+                    module: None,
+                    is_async: None,
+                }],
+            }
+        }
+
+        fn lanes(&self) -> usize {
+            3
+        }
+
+        fn supports(&self, cipher: Cipher, direction: Direction) -> bool {
+            cipher == STUB_CIPHER && direction == Direction::Encrypt
+        }
+
+        fn open_lane(&self, _: usize) -> Result<Box<dyn Lane>> {
+            Ok(Box::new(StubLane { tuned: self.tuned }))
+        }
+
+        fn max_batch(&self) -> usize {
+            if self.tuned {
+                8
+            } else {
+                1
+            }
+        }
+
+        fn batch_width(&self, cipher: Cipher, direction: Direction) -> usize {
+            match (self.tuned, self.supports(cipher, direction)) {
+                (true, true) => 4,
+                (true, false) => 2,
+                (false, _) => 1,
+            }
+        }
+
+        fn max_job_len(&self, cipher: Cipher, direction: Direction) -> Option<usize> {
+            (self.tuned && self.supports(cipher, direction)).then_some(STUB_MAX_LEN)
+        }
+
+        fn uses_host_cpu(&self) -> bool {
+            !self.tuned
+        }
+    }
+
+    /// Plain defaults, or tuned: forgets keys when given some.
+    struct StubLane {
+        tuned: bool,
+    }
+
+    impl Lane for StubLane {
+        fn run(&mut self, job: &Job, _: &KeyStore, out: &mut JobOutput) -> Result<()> {
+            out.data = job.input.iter().map(|b| !b).collect();
+            out.tag = None;
+            Ok(())
+        }
+
+        fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
+            self.tuned && !ids.is_empty()
+        }
+    }
+
+    /// A plain stub with the defaults of [`Engine`], the trait object a dispatcher holds.
+    fn plain() -> EngineRef {
+        Arc::new(Stub { tuned: false })
+    }
+
+    /// An engine that overrides nothing it may leave to the trait.
+    struct Bare;
+
+    impl Engine for Bare {
+        fn name(&self) -> &str {
+            "bare"
+        }
+        fn info(&self) -> EngineInfo {
+            Stub { tuned: false }.info()
+        }
+        fn lanes(&self) -> usize {
+            1
+        }
+        fn supports(&self, _: Cipher, _: Direction) -> bool {
+            true
+        }
+        fn open_lane(&self, _: usize) -> Result<Box<dyn Lane>> {
+            Ok(Box::new(BareLane))
+        }
+    }
+
+    struct BareLane;
+
+    impl Lane for BareLane {
+        fn run(&mut self, job: &Job, _: &KeyStore, out: &mut JobOutput) -> Result<()> {
+            out.data = job.input.iter().map(|b| b ^ 0x5a).collect();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn engine_defaults_take_one_job_at_a_time_of_any_size_on_a_host_core() {
+        let bare = Bare;
+        assert_eq!(bare.max_batch(), 1);
+        for cipher in [Cipher::AES_128_CTR, Cipher::AES_256_GCM] {
+            assert_eq!(bare.batch_width(cipher, Direction::Encrypt), 1);
+            assert_eq!(bare.max_job_len(cipher, Direction::Decrypt), None);
+        }
+        assert!(bare.uses_host_cpu());
+        // batch_width follows max_batch by default.
+        struct Wide;
+        impl Engine for Wide {
+            fn name(&self) -> &str {
+                "wide"
+            }
+            fn info(&self) -> EngineInfo {
+                Bare.info()
+            }
+            fn lanes(&self) -> usize {
+                1
+            }
+            fn supports(&self, _: Cipher, _: Direction) -> bool {
+                true
+            }
+            fn open_lane(&self, _: usize) -> Result<Box<dyn Lane>> {
+                Ok(Box::new(BareLane))
+            }
+            fn max_batch(&self) -> usize {
+                6
+            }
+        }
+        assert_eq!(Wide.batch_width(Cipher::AES_128_CBC, Direction::Encrypt), 6);
+    }
+
+    fn ctr_job(keys: &KeyStore, input: Vec<u8>) -> Job {
+        let key = keys
+            .add(crate::Key::new(vec![1; 16]))
+            .expect("a 16-byte key");
+        Job::new(STUB_CIPHER, Direction::Encrypt, key, [2; 16], input)
+    }
+
+    #[test]
+    fn lane_defaults_run_a_batch_one_by_one_and_forget_no_key() {
+        let keys = KeyStore::new();
+        let mut lane = BareLane;
+        let jobs = [ctr_job(&keys, vec![0; 3]), ctr_job(&keys, vec![0xff; 2])];
+        let refs: Vec<&Job> = jobs.iter().collect();
+        let mut outs = vec![JobOutput::default(); 2];
+        let mut results: Vec<Result<()>> = (0..2)
+            .map(|_| {
+                Err(Error::EngineFailed {
+                    engine: "unset".into(),
+                    reason: "not run".into(),
+                })
+            })
+            .collect();
+        lane.run_batch(&refs, &keys, &mut outs, &mut results);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(outs[0].data, [0x5a; 3]);
+        assert_eq!(outs[1].data, [0xa5; 2]);
+        assert!(!lane.forget_keys(&[KeyId(0)]));
+    }
+
+    #[test]
+    fn lane_run_raw_by_default_runs_cbc_and_ctr_through_run_into_an_output_as_long() {
+        let keys = KeyStore::new();
+        let key = keys
+            .add(crate::Key::new(vec![1; 16]))
+            .expect("a 16-byte key");
+        let raw = |cipher, input| RawJob {
+            cipher,
+            direction: Direction::Encrypt,
+            key,
+            iv: [0; 16],
+            input,
+        };
+        let mut lane = BareLane;
+        let input = [1u8, 2, 3, 4];
+        let mut out = [0u8; 4];
+        lane.run_raw(&raw(Cipher::AES_128_CTR, &input), &keys, &mut out)
+            .expect("ctr runs");
+        assert_eq!(out, [0x5b, 0x58, 0x59, 0x5e]);
+        let block = [7u8; 16];
+        let mut out = [0u8; 16];
+        lane.run_raw(&raw(Cipher::AES_256_CBC, &block), &keys, &mut out)
+            .expect("cbc runs");
+        assert_eq!(out, [7 ^ 0x5a; 16]);
+        // GCM (a tag) and an output of another length are refused, whatever the lane.
+        let mut out = [0u8; 16];
+        let gcm = lane.run_raw(&raw(Cipher::AES_128_GCM, &block), &keys, &mut out);
+        assert!(
+            matches!(gcm, Err(Error::InputLength { len: 16, .. })),
+            "{gcm:?}"
+        );
+        let mut short = [0u8; 3];
+        let r = lane.run_raw(&raw(Cipher::AES_128_CTR, &input), &keys, &mut short);
+        assert!(matches!(r, Err(Error::InputLength { len: 4, .. })), "{r:?}");
+        assert_eq!(short, [0; 3], "nothing written");
+    }
+
+    #[test]
+    fn engines_by_name_parse_as_the_cli_spells_them() {
+        let cpu = by_name("cpu", Some(3)).expect("cpu opens everywhere");
+        assert_eq!((cpu.name(), cpu.lanes()), ("cpu", 3));
+        assert_eq!(
+            by_name("cpu", None).map(|e| e.info().kind).ok(),
+            Some(EngineKind::Cpu)
+        );
+        for bad in [
+            "",
+            "gpu",
+            "cpu:1",
+            "kernel:",
+            "kernelx",
+            "kernel-foo",
+            "devcryptox",
+            "devcrypto:",
+        ] {
+            match by_name(bad, None) {
+                Err(Error::UnknownName { what, name }) => {
+                    assert_eq!((what, name.as_str()), ("engine", bad));
+                }
+                Err(e) => panic!("{bad:?}: {e}, not UnknownName"),
+                Ok(e) => panic!("{bad:?} opened as {}", e.name()),
+            }
+        }
+        // Well-formed names open here or say why not; they are never unknown.
+        for good in [
+            "kernel",
+            "kernel:virtio_crypto_aes_cbc",
+            "devcrypto",
+            "devcrypto:x",
+        ] {
+            match by_name(good, Some(1)) {
+                Ok(e) => assert_eq!((e.name(), e.lanes()), (good, 1)),
+                Err(Error::EngineUnavailable { engine, .. }) => assert_eq!(engine, good),
+                Err(e) => panic!("{good:?}: {e}"),
+            }
+        }
+        let _ = plain();
+    }
+
+    #[test]
+    fn discover_lists_cpu_kernel_and_devcrypto_whether_they_open_or_not() {
+        let found = discover();
+        let names: Vec<String> = found
+            .iter()
+            .map(|r| match r {
+                Ok(e) => e.name().to_string(),
+                Err(Error::EngineUnavailable { engine, .. }) => engine.clone(),
+                Err(e) => panic!("discover: {e}"),
+            })
+            .collect();
+        assert_eq!(names.first().map(String::as_str), Some("cpu"));
+        assert!(found[0].is_ok(), "cpu opens everywhere");
+        assert_eq!(names.get(1).map(String::as_str), Some("kernel"));
+        assert!(names.iter().any(|n| n == "devcrypto"), "{names:?}");
+    }
+}

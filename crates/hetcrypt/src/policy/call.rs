@@ -475,6 +475,98 @@ mod tests {
         );
     }
 
+    /// The moving average: the first sample as is, then half-way towards a lower one
+    /// (FASTER_SHIFT) and an eighth of the way towards a higher one (SLOWER_SHIFT),
+    /// a higher one capped at OUTLIER_CAP times the average, and never 0.
+    #[test]
+    fn the_average_moves_half_way_down_an_eighth_up_and_caps_outliers() {
+        let slot = AtomicU64::new(0);
+        let after = |ns: u64| {
+            fold(&slot, ns);
+            slot.load(Ordering::Relaxed)
+        };
+        assert_eq!(after(100), 100, "the first sample");
+        assert_eq!(after(40), 100 - 50 + 20, "half-way down");
+        assert_eq!(after(70), 70, "equal: unchanged");
+        assert_eq!(after(120), 70 - 8 + 15, "an eighth up");
+        assert_eq!(after(1_000_000), 77 - 9 + 19, "capped at twice the average");
+        let zero = AtomicU64::new(0);
+        fold(&zero, 0);
+        assert_eq!(
+            zero.load(Ordering::Relaxed),
+            1,
+            "never 0: 0 means unmeasured"
+        );
+        fold(&zero, 0);
+        assert_eq!(zero.load(Ordering::Relaxed), 1);
+    }
+
+    /// What the router reports having measured: each site with a cost, by cipher,
+    /// direction and the smallest length of its size class, in site order; a cipher
+    /// index past the router's count shares the last cipher's sites.
+    #[test]
+    fn estimates_list_every_measured_site_with_its_class() {
+        let r = CallRouter::new(RouterMode::Balanced, 3, None);
+        let at = |cipher, encrypt, len| CallSite {
+            cipher,
+            encrypt,
+            len,
+        };
+        assert!(r.estimates().is_empty(), "nothing measured");
+        r.observe_cpu(at(2, false, 3000), 500);
+        r.seed_module(at(1, true, 0), 700);
+        r.observe_module(at(0, true, 1), 30);
+        r.observe_cpu(at(7, true, 1 << 30), 9);
+        assert_eq!(
+            r.estimates(),
+            [
+                (0, true, 1, 0, 30),
+                (1, true, 0, 0, 700),
+                (2, true, 1 << 19, 9, 0),
+                (2, false, 2048, 500, 0),
+            ]
+        );
+        let lengths: Vec<usize> = CallRouter::class_lengths().collect();
+        assert_eq!(lengths.len(), CLASSES - 1);
+        assert_eq!(lengths[..4], [1, 2, 4, 8]);
+        assert_eq!(lengths.last(), Some(&(1 << 19)));
+        assert!(lengths.windows(2).all(|w| w[1] == 2 * w[0]));
+    }
+
+    /// A check of an unmeasured module is one timed call and BURST - 1 untimed ones
+    /// sent its way, then a new check: the burst counts down and ends.
+    #[test]
+    fn a_burst_of_module_calls_counts_down_and_ends() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(4096), 1000);
+        for round in 0..2 {
+            assert_eq!(
+                r.route(site(4096)),
+                Route::ModuleIfFree { else_timed: true },
+                "round {round}: a check starts"
+            );
+            for call in 1..BURST {
+                assert_eq!(
+                    r.route(site(4096)),
+                    Route::ModuleIfFree { else_timed: false },
+                    "round {round}: call {call} of the burst"
+                );
+            }
+        }
+    }
+
+    /// A module exactly WAIT_FACTOR times cheaper is not yet worth waiting for: its
+    /// calls go to a free lane or stay in-line, never wait.
+    #[test]
+    fn a_module_exactly_twice_as_cheap_is_not_waited_for() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(4096), 2000);
+        r.seed_module(site(4096), 2000 / WAIT_FACTOR);
+        assert!((0..1000).all(|_| r.route(site(4096)) != Route::Module));
+        r.seed_module(site(4096), 2000 / WAIT_FACTOR - 1);
+        assert!((0..1000).any(|_| r.route(site(4096)) == Route::Module));
+    }
+
     #[test]
     fn modes_are_named_as_the_configuration_spells_them() {
         assert_eq!(RouterMode::Balanced.name(), "balanced");

@@ -229,3 +229,201 @@ pub fn by_name_with(name: &str, calibration: Option<&Arc<Calibration>>) -> Resul
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `cpu` and a `kernel` engine with one lane each, and `jobs` of AES-128-CBC
+    /// encryption of these lengths that both can run.
+    fn two_engines() -> (Vec<EngineMeta>, Vec<LaneMeta>) {
+        let engines = [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
+            .iter()
+            .map(|(name, kind)| EngineMeta {
+                name: name.to_string(),
+                kind: *kind,
+                lanes: 1,
+                max_batch: 1,
+                uses_host_cpu: *kind == EngineKind::Cpu,
+            })
+            .collect();
+        let lanes = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        (engines, lanes)
+    }
+
+    fn jobs(lens: &[usize]) -> Vec<JobMeta> {
+        lens.iter()
+            .map(|&len| JobMeta {
+                len,
+                cipher: Cipher::AES_128_CBC,
+                direction: Direction::Encrypt,
+                engines: EngineMask(0b11),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_engine_mask_holds_engines_0_to_63_and_ignores_the_rest() {
+        let mut m = EngineMask::default();
+        assert!(m.is_empty());
+        assert_eq!(m.count(), 0);
+        m.insert(0);
+        m.insert(5);
+        m.insert(63);
+        // Out of range: no bit, no panic (a shift by 64 would overflow).
+        m.insert(64);
+        m.insert(200);
+        assert_eq!(m, EngineMask(1 | 1 << 5 | 1 << 63));
+        assert!(!m.is_empty());
+        assert_eq!(m.count(), 3);
+        for (engine, member) in [(0, true), (1, false), (4, false), (5, true), (6, false)] {
+            assert_eq!(m.contains(engine), member, "engine {engine}");
+        }
+        assert!(m.contains(63));
+        assert!(
+            !m.contains(64),
+            "bit 0 is set: a wrapped shift would claim 64"
+        );
+        assert!(!m.contains(usize::MAX));
+        assert!(!EngineMask(u64::MAX).contains(64));
+        // Engine 1 in a mask of engines 0 and 2 (0b101): a shift the wrong way or an
+        // | for the & would find it.
+        assert!(!EngineMask(0b101).contains(1));
+        assert!(EngineMask(0b100).contains(2));
+        assert_eq!(
+            EngineMask(0b0110).intersect(EngineMask(0b1100)),
+            EngineMask(0b0100)
+        );
+        assert_eq!(
+            EngineMask(0b11).intersect(EngineMask(0b11)),
+            EngineMask(0b11)
+        );
+        assert!(EngineMask(0b01).intersect(EngineMask(0b10)).is_empty());
+    }
+
+    /// A policy and a schedule that override nothing: what the defaults promise.
+    struct Bare;
+
+    impl Policy for Bare {
+        fn name(&self) -> String {
+            "bare".to_string()
+        }
+
+        fn plan(&self, _: &Plan<'_>) -> Result<Box<dyn Schedule>> {
+            Ok(Box::new(Bare))
+        }
+    }
+
+    impl Schedule for Bare {
+        fn next(&self, _: usize, _: usize, _: &mut Vec<usize>) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_trait_defaults_learn_nothing_time_nothing_reserve_nothing_and_need_every_engine() {
+        assert!(Bare.learned().is_none());
+        assert!(!Bare.wants_timing());
+        assert!(Bare.engine_failed(0).is_empty());
+        assert!(Bare.engine_failed(1).is_empty());
+        assert_eq!(Bare.engines_needed(), EngineMask(u64::MAX));
+    }
+
+    #[test]
+    fn by_name_knows_every_policy_as_the_cli_spells_it() {
+        for name in [
+            "pull",
+            "round-robin",
+            "polling",
+            "threshold",
+            "adaptive",
+            "only:cpu",
+            "only:kernel:virtio_crypto_aes_cbc",
+            "threshold:0",
+            "threshold:4096",
+            "round-robin:3:1",
+            "round-robin:0:1:2",
+        ] {
+            let policy = by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(policy.name(), name);
+        }
+        for bad in [
+            "",
+            "Pull",
+            "only",
+            "threshold:",
+            "threshold:+5",
+            "threshold:-1",
+            "threshold:4k",
+            "threshold:99999999999999999999999",
+            "round-robin:",
+            "round-robin:1:",
+            "round-robin::1",
+            "round-robin:+1:2",
+            "round-robin:1:x",
+            "round-robin:99999999999",
+            "fastest",
+        ] {
+            match by_name(bad) {
+                Err(crate::Error::UnknownName { what, name }) => {
+                    assert_eq!((what, name.as_str()), ("policy", bad));
+                }
+                Err(e) => panic!("{bad:?}: {e}, not UnknownName"),
+                Ok(p) => panic!("{bad:?} parsed as {}", p.name()),
+            }
+        }
+    }
+
+    #[test]
+    fn only_threshold_and_adaptive_start_from_a_calibration() {
+        assert!(uses_calibration("threshold"));
+        assert!(uses_calibration("adaptive"));
+        for name in ["pull", "round-robin", "polling", "only:cpu", "threshold:64"] {
+            assert!(!uses_calibration(name), "{name}");
+        }
+    }
+
+    /// Given a store, `threshold` and `adaptive` start from it: `threshold` splits the
+    /// first batch at the stored crossover without timing anything, `adaptive` knows
+    /// the module's cost before any job ran. Without one, both measure first.
+    #[test]
+    fn by_name_with_a_calibration_seeds_threshold_and_adaptive() {
+        let cal = Arc::new(crate::calibration::tests::cpu_and_module());
+        let (engines, lanes) = two_engines();
+        let jobs = jobs(&[64, 65536]);
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let timing = |name: &str, cal: Option<&Arc<Calibration>>| {
+            let policy = by_name_with(name, cal).expect("a known policy");
+            assert_eq!(policy.name(), name);
+            let schedule = policy.plan(&plan).expect("plans");
+            (schedule.wants_timing(), policy.learned())
+        };
+        assert!(
+            !timing("threshold", Some(&cal)).0,
+            "the store knows the class"
+        );
+        assert!(timing("threshold", None).0, "nothing stored: it measures");
+        let seeded = timing("adaptive", Some(&cal)).1.expect("adaptive learns");
+        assert!(
+            seeded
+                .iter()
+                .any(|l| l.engine == "kernel" && l.cost.is_some()),
+            "seeded from the store: {seeded:?}"
+        );
+        let fresh = timing("adaptive", None).1.expect("adaptive learns");
+        assert!(fresh.iter().all(|l| l.cost.is_none()), "{fresh:?}");
+        // Other policies take no calibration.
+        assert_eq!(
+            by_name_with("pull", Some(&cal))
+                .map(|p| p.name())
+                .ok()
+                .as_deref(),
+            Some("pull")
+        );
+    }
+}

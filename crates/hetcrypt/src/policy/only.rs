@@ -65,3 +65,83 @@ impl Schedule for OnlySchedule {
         self.allowed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cipher::{Cipher, Direction};
+    use crate::engine::EngineKind;
+    use crate::policy::{EngineMeta, JobMeta, LaneMeta};
+
+    /// Engines `a` and `b`, one lane each, and five jobs both can run.
+    fn setup() -> (Vec<EngineMeta>, Vec<LaneMeta>, Vec<JobMeta>) {
+        let engines = ["a", "b"]
+            .iter()
+            .map(|name| EngineMeta {
+                name: name.to_string(),
+                kind: EngineKind::Cpu,
+                lanes: 1,
+                max_batch: 4,
+                uses_host_cpu: true,
+            })
+            .collect();
+        let lanes = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let job = JobMeta {
+            len: 16,
+            cipher: Cipher::AES_128_CTR,
+            direction: Direction::Encrypt,
+            engines: EngineMask(0b11),
+        };
+        (engines, lanes, vec![job; 5])
+    }
+
+    #[test]
+    fn every_job_goes_to_the_named_engine_and_only_its_lanes_start() {
+        let (engines, lanes, jobs) = setup();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        // The second engine, so that taking the first (or any other) shows.
+        let policy = Only::new("b");
+        assert_eq!(policy.name(), "only:b");
+        let s = policy.plan(&plan).unwrap();
+        assert_eq!(s.engines_needed(), EngineMask(0b10));
+        let mut out = Vec::new();
+        assert!(!s.next(0, 4, &mut out), "engine a gets nothing");
+        assert!(out.is_empty());
+        assert!(s.next(1, 2, &mut out));
+        assert_eq!(out, [0, 1]);
+        assert!(s.next(1, 4, &mut out));
+        assert_eq!(out, [0, 1, 2, 3, 4]);
+        assert!(!s.next(1, 4, &mut out), "false once the queue is empty");
+        assert_eq!(out.len(), 5);
+    }
+
+    #[test]
+    fn a_failed_engine_gives_back_its_untaken_jobs_and_an_unknown_name_fails_the_plan() {
+        let (engines, lanes, jobs) = setup();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = Only::new("b").plan(&plan).unwrap();
+        let mut out = Vec::new();
+        assert!(s.next(1, 2, &mut out));
+        assert!(s.engine_failed(0).is_empty(), "engine a held none");
+        assert_eq!(s.engine_failed(1), [2, 3, 4]);
+        assert!(!s.next(1, 4, &mut out));
+
+        match Only::new("c").plan(&plan).err() {
+            Some(Error::Policy { policy, reason }) => {
+                assert_eq!(policy, "only:c");
+                assert!(reason.contains("'c'"), "{reason}");
+            }
+            other => panic!("only:c planned over engines a and b: {:?}", other.is_some()),
+        }
+    }
+}

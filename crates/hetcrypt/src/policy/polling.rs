@@ -26,6 +26,13 @@ impl Policy for Polling {
     }
 
     fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
+        Ok(Box::new(PollingSchedule::start(plan)?))
+    }
+}
+
+impl PollingSchedule {
+    /// The slots of `plan`'s lanes, and the dispatcher thread that serves them.
+    fn start(plan: &Plan<'_>) -> Result<Self> {
         let shared = Arc::new(Shared {
             queue: GroupedQueue::new(plan.jobs, 0..plan.jobs.len(), live_engines(plan)),
             slots: plan
@@ -47,10 +54,10 @@ impl Policy for Polling {
                 .name("hetcrypt-poller".to_string())
                 .spawn(move || shared.poll())?
         };
-        Ok(Box::new(PollingSchedule {
+        Ok(PollingSchedule {
             shared,
             poller: Some(poller),
-        }))
+        })
     }
 }
 
@@ -311,6 +318,69 @@ mod tests {
             "a failed engine's lane gets nothing"
         );
         assert!(!s.next(0, 1, &mut first), "engine 0 can run none of these");
+    }
+
+    /// A failed engine's lanes get nothing more; the other engines' lanes go on
+    /// with the jobs they can run (none is given back: another engine takes them).
+    #[test]
+    fn only_the_failed_engines_lanes_are_stopped() {
+        let (engines, lanes, jobs) = (engines(), lanes(), jobs(4, 0b11));
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = Polling.plan(&plan).unwrap();
+        assert!(s.engine_failed(1).is_empty(), "engine 0 can run every job");
+        let mut got = Vec::new();
+        assert!(!s.next(1, 1, &mut got));
+        while s.next(0, 1, &mut got) {}
+        assert_eq!(got, [0, 1, 2, 3]);
+    }
+
+    /// Dropping the schedule ends the dispatcher thread even while lanes could still
+    /// ask (the thread would otherwise poll for ever, holding the shared state).
+    #[test]
+    fn dropping_the_schedule_ends_the_dispatcher_thread() {
+        let (engines, lanes, jobs) = (engines(), lanes(), jobs(3, 0b11));
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = PollingSchedule::start(&plan).unwrap();
+        let shared = Arc::downgrade(&s.shared);
+        drop(s);
+        assert!(
+            shared.upgrade().is_none(),
+            "the dispatcher thread still holds the slots"
+        );
+    }
+
+    /// Closing a slot hands back the jobs placed in it and not yet picked up (the
+    /// lane was about to wake for them when its engine failed): they must not be lost.
+    #[test]
+    fn closing_a_slot_returns_the_jobs_it_held_and_stops_its_lane() {
+        let lane = LaneSlot {
+            engine: 1,
+            wants: AtomicUsize::new(2),
+            closed: AtomicBool::new(false),
+            slot: Mutex::new(Slot {
+                jobs: vec![4, 7],
+                wants: 2,
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        };
+        assert_eq!(lane.close(), vec![4, 7]);
+        assert!(lane.closed.load(Ordering::Acquire));
+        assert_eq!(lane.wants.load(Ordering::Acquire), 0);
+        let slot = lane.lock();
+        assert!(slot.closed && slot.wants == 0 && slot.jobs.is_empty());
+        drop(slot);
+        assert!(lane.close().is_empty(), "handed back once");
     }
 
     #[test]

@@ -34,3 +34,56 @@ impl Schedule for PullSchedule {
         self.queue.engine_failed(engine)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cipher::{Cipher, Direction};
+    use crate::engine::EngineKind;
+    use crate::policy::{EngineMeta, JobMeta, LaneMeta};
+
+    #[test]
+    fn lanes_take_in_order_what_their_engine_can_run_and_a_failure_returns_the_rest() {
+        let engines: Vec<EngineMeta> = ["a", "b"]
+            .iter()
+            .map(|name| EngineMeta {
+                name: name.to_string(),
+                kind: EngineKind::Cpu,
+                lanes: 1,
+                max_batch: 4,
+                uses_host_cpu: true,
+            })
+            .collect();
+        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        // Jobs 1 and 3 run only on engine b.
+        let jobs: Vec<JobMeta> = [0b11, 0b10, 0b11, 0b10, 0b11]
+            .iter()
+            .map(|&m| JobMeta {
+                len: 16,
+                cipher: Cipher::AES_128_CTR,
+                direction: Direction::Encrypt,
+                engines: EngineMask(m),
+            })
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        assert_eq!(Pull.name(), "pull");
+        let s = Pull.plan(&plan).unwrap();
+        assert_eq!(s.engines_needed(), EngineMask(u64::MAX));
+        let mut a = Vec::new();
+        assert!(s.next(0, 2, &mut a));
+        assert_eq!(a, [0, 2]);
+        let mut b = Vec::new();
+        assert!(s.next(1, 1, &mut b));
+        assert_eq!(b, [1], "b takes the jobs only it can run first");
+        assert_eq!(s.engine_failed(1), [3], "no other engine can run job 3");
+        assert!(s.next(0, 4, &mut a));
+        assert_eq!(a, [0, 2, 4]);
+        assert!(!s.next(0, 4, &mut a));
+        assert!(!s.next(1, 4, &mut b));
+    }
+}

@@ -307,6 +307,8 @@ mod tests {
         assert_eq!(built(&[0..3, 5..6, 6..8]), vec![0, 1, 2, 5, 6, 7]);
         assert_eq!(built(&[4..5, 9..10, 11..13]), vec![4, 9, 11, 12]);
         assert_eq!(built(&[]), Vec::<usize>::new());
+        // 3 * 3 is 9: a run is continued only by the index right after its end.
+        assert_eq!(built(&[3..6, 9..10]), vec![3, 4, 5, 9]);
     }
 
     #[test]
@@ -326,6 +328,59 @@ mod tests {
         assert_eq!(other, vec![4, 7]);
         assert_eq!(q.take(0, 1, &mut out), 0);
         assert_eq!(q.remaining(), 0);
+    }
+
+    #[test]
+    fn a_gap_in_the_indices_breaks_a_run_of_one_engine_set() {
+        // Jobs 1 and 4 are not queued (a caller's own selection): jobs 0, 2, 3 and 5
+        // share one engine set but are not one run.
+        let m = EngineMask(0b1);
+        let q = GroupedQueue::from_masks([(0, m), (2, m), (3, m), (5, m)]);
+        assert_eq!(q.remaining(), 4);
+        let mut out = Vec::new();
+        assert_eq!(q.take(0, 10, &mut out), 4);
+        assert_eq!(out, vec![0, 2, 3, 5]);
+    }
+
+    #[test]
+    fn a_queue_knows_its_engines_and_peeks_without_taking() {
+        let (ab, bc) = (EngineMask(0b011), EngineMask(0b110));
+        let q = GroupedQueue::from_masks([(2, ab), (3, bc), (4, ab)]);
+        assert_eq!(
+            q.engines(),
+            EngineMask(0b111),
+            "every engine some job may go to"
+        );
+        assert_eq!(q.peek(0), Some(2));
+        assert_eq!(q.peek(2), Some(3));
+        assert_eq!(q.peek(3), None, "engine 3 runs none");
+        let mut out = Vec::new();
+        assert_eq!(q.take(0, 1, &mut out), 1);
+        assert_eq!(q.peek(0), Some(4), "peeking took nothing");
+        assert_eq!(q.take(0, 5, &mut out), 1);
+        assert_eq!(out, vec![2, 4]);
+        assert_eq!(q.peek(0), None);
+        assert_eq!(q.peek(1), Some(3));
+        assert!(GroupedQueue::from_masks([]).engines().is_empty());
+    }
+
+    #[test]
+    fn a_list_peeks_at_its_next_job_until_it_runs_out() {
+        let run = JobList::run(10, 3);
+        let listed = JobList::new(vec![7, 3, 9]);
+        for (list, order) in [(&run, [10, 11, 12]), (&listed, [7, 3, 9])] {
+            let mut out = Vec::new();
+            for want in order {
+                assert_eq!(list.peek(), Some(want));
+                assert_eq!(list.peek(), Some(want), "peeking takes nothing");
+                assert_eq!(list.take(1, &mut out), 1);
+            }
+            assert_eq!(out, order);
+            assert_eq!(list.peek(), None, "{order:?}: taken out");
+        }
+        let drained = JobList::run(4, 2);
+        assert_eq!(drained.drain(), vec![4, 5]);
+        assert_eq!(drained.peek(), None);
     }
 
     /// Takes everything from `list` in pulls of `max`, then drains it.
@@ -353,6 +408,9 @@ mod tests {
             assert!(run.drain().is_empty());
         }
         assert!(JobList::run(3, 0).is_empty());
+        assert!(!JobList::run(3, 1).is_empty());
+        assert!(!JobList::new(vec![0]).is_empty());
+        assert!(JobList::new(Vec::new()).is_empty());
         assert_eq!(JobList::run(3, 0).take(4, &mut Vec::new()), 0);
     }
 }

@@ -224,6 +224,30 @@ mod tests {
         assert_eq!(RoundRobin::new().name(), "round-robin");
     }
 
+    /// A batch smaller than the engine count starts only the engines dealt a job.
+    #[test]
+    fn only_engines_dealt_a_job_are_needed() {
+        let engines = [engine("a", 1), engine("b", 1), engine("c", 1)];
+        let lanes: Vec<LaneMeta> = (0..3)
+            .map(|e| LaneMeta {
+                engine: e,
+                index: 0,
+            })
+            .collect();
+        // The second job only engine c can run.
+        let jobs = [job(0b111), job(0b100)];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = RoundRobin::new().plan(&plan).unwrap();
+        assert_eq!(s.engines_needed(), EngineMask(0b101));
+        let none = RoundRobin::new().plan(&Plan { jobs: &[], ..plan }).unwrap();
+        assert!(none.engines_needed().is_empty());
+    }
+
     #[test]
     fn a_failed_engine_gives_back_exactly_its_untaken_jobs() {
         let engines = [engine("a", 1), engine("b", 1)];

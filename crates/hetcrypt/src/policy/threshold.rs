@@ -488,6 +488,107 @@ mod tests {
         assert_eq!(taken(s.as_ref(), 0), [0, 1, 2]);
     }
 
+    /// The small side is the `cpu`-kind engine wherever it stands in the dispatcher:
+    /// here second, so the large side is every other engine (the first), not the cpu.
+    #[test]
+    fn the_cpu_takes_the_small_jobs_when_it_is_not_the_first_engine() {
+        let mut engines = engines();
+        engines.reverse();
+        let lanes = lanes();
+        let jobs = [job(100, 3), job(5000, 3), job(50, 3), job(9000, 3)];
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let policy = Threshold::fixed(1024);
+        assert_eq!(policy.name(), "threshold:1024");
+        assert_eq!(policy.bytes(), Some(1024));
+        assert_eq!(Threshold::calibrating().bytes(), None);
+        let s = policy.plan(&plan).unwrap();
+        assert_eq!(taken(s.as_ref(), 1), [0, 2], "the cpu: small jobs only");
+        assert_eq!(taken(s.as_ref(), 0), [1, 3], "the module: large jobs");
+    }
+
+    /// Only the engines some job is placed on start, and a failed engine gives back the
+    /// jobs no other engine may take.
+    #[test]
+    fn engines_needed_and_engine_failed_follow_the_split() {
+        let (engines, lanes) = (engines(), lanes());
+        let small = [job(100, 3), job(200, 3)];
+        let plan = Plan {
+            jobs: &small,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s = Threshold::fixed(1024).plan(&plan).unwrap();
+        assert_eq!(
+            s.engines_needed(),
+            EngineMask(0b01),
+            "small jobs: the cpu alone"
+        );
+        // Jobs 1 and 3 are large (the module's), job 2 small but only the module can
+        // run it: all three queue for the module alone, in order.
+        let jobs = [job(100, 3), job(5000, 3), job(10, 2), job(9000, 3)];
+        let plan = Plan {
+            jobs: &jobs,
+            ..plan
+        };
+        let s = Threshold::fixed(1024).plan(&plan).unwrap();
+        assert_eq!(s.engines_needed(), EngineMask(0b11));
+        let mut out = Vec::new();
+        assert!(s.next(1, 1, &mut out));
+        assert_eq!(out, [1]);
+        assert_eq!(s.engine_failed(1), [2, 3], "no other engine may take these");
+        assert_eq!(taken(s.as_ref(), 0), [0]);
+    }
+
+    /// A lane that reports several jobs at once is timed per job: its wall and CPU
+    /// time divided by the count. Here the module reports pairs (12 ms a pair of large
+    /// jobs: 6 ms each, faster than the cpu's 10 ms; 20 ms a pair of small ones), the
+    /// cpu single jobs; timed per pull instead of per job, the module would lose the
+    /// large jobs too.
+    #[test]
+    fn timings_of_several_jobs_count_per_job() {
+        let (engines, lanes) = (engines(), lanes());
+        let jobs: Vec<JobMeta> = [64, 16384]
+            .iter()
+            .cycle()
+            .take(8)
+            .map(|&l| job(l, 3))
+            .collect();
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let policy = Threshold::calibrating();
+        let ms = Duration::from_millis;
+        {
+            let s = policy.plan(&plan).unwrap();
+            assert!(s.wants_timing());
+            for (j, meta) in jobs.iter().enumerate() {
+                let t = if meta.len == 64 { ms(1) } else { ms(10) };
+                s.completed(0, &[j], t, t);
+            }
+            for pair in [[0, 2], [4, 6]] {
+                s.completed(1, &pair, ms(20), ms(1));
+            }
+            for pair in [[1, 3], [5, 7]] {
+                s.completed(1, &pair, ms(12), ms(1));
+            }
+            // An empty report is no sample.
+            s.completed(1, &[], ms(1), ms(1));
+        }
+        let s = policy.plan(&plan).unwrap();
+        assert!(!s.wants_timing(), "both sizes measured on both engines");
+        assert_eq!(taken(s.as_ref(), 0), [0, 2, 4, 6]);
+        assert_eq!(taken(s.as_ref(), 1), [1, 3, 5, 7]);
+    }
+
     /// A threshold given a stored calibration splits the very first batch at the stored
     /// crossover, measuring nothing; a class the store does not know is still measured.
     #[test]

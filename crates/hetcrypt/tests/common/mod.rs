@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::devcrypto::DevcryptoEngine;
@@ -65,16 +65,32 @@ pub fn cpu_implementations() -> Vec<EngineRef> {
     .collect()
 }
 
+/// Names of the two `cpu` engines of [`engines`]: they open everywhere, so every suite
+/// over [`engines`] must have run its cases on both.
+pub fn cpu_engine_names() -> [String; 2] {
+    ["cpu".to_string(), format!("cpu-{MANY_LANES}lanes")]
+}
+
+/// Writes `line` where the test runner shows it even for a passing test: libtest
+/// captures `eprintln!`, not writes to the stderr handle. For what a reader of a test
+/// run must see: engines skipped, and which engines a suite covered.
+pub fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// Every engine to test: `cpu` with one lane and with [`MANY_LANES`], then the kernel
-/// and `/dev/crypto` engines that open here. An engine that does not open is noted on
-/// stderr with its reason; in the testbed it fails the test instead, except
-/// `devcrypto:virtio_crypto_aes_cbc` in the `aesni` profile: cryptodev binds by
-/// algorithm name, and there the kernel ranks its AES-NI driver first.
+/// and `/dev/crypto` engines that open here. An engine that does not open is reported
+/// as `SKIP` with its reason, past the runner's capture ([`say`]); in the testbed it
+/// fails the test instead, except `devcrypto:virtio_crypto_aes_cbc` in the `aesni`
+/// profile: cryptodev binds by algorithm name, and there the kernel ranks its AES-NI
+/// driver first.
 pub fn engines() -> Vec<EngineRef> {
+    let [cpu, cpu_many] = cpu_engine_names();
     let mut list = vec![
-        CpuEngine::with_lanes(1).named("cpu").into_engine(),
+        CpuEngine::with_lanes(1).named(cpu).into_engine(),
         CpuEngine::with_lanes(MANY_LANES)
-            .named(format!("cpu-{MANY_LANES}lanes"))
+            .named(cpu_many)
             .into_engine(),
     ];
     let driver_name = format!("kernel:{VIRTIO_DRIVER}");
@@ -121,9 +137,24 @@ fn unavailable(name: &str, e: Error, may_miss: bool) {
                 may_miss || !in_testbed(),
                 "{name} must open in the testbed ({TESTBED_ENV} is set): {reason}"
             );
-            eprintln!("note: engine {name} unavailable, not tested: {reason}");
+            skipped(name, reason.trim());
         }
         other => panic!("{name}: opening failed with {other:?}, not EngineUnavailable"),
+    }
+}
+
+/// Engines of [`engines`] that did not open in this test binary, in the order met.
+static SKIPPED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Notes that engine `name` is not tested here: a `SKIP` line with the reason the first
+/// time ([`say`]), and the name for [`Coverage::report`].
+fn skipped(name: &str, reason: &str) {
+    let mut list = SKIPPED.lock().unwrap_or_else(|e| e.into_inner());
+    if !list.iter().any(|n| n == name) {
+        say(&format!(
+            "SKIP engine {name}: unavailable here, not tested: {reason}"
+        ));
+        list.push(name.to_string());
     }
 }
 
@@ -550,10 +581,49 @@ impl Rig {
     }
 }
 
+/// Which engines a suite ran its cases on, and how many each: reported past the
+/// runner's capture, so a passing run says what it covered (outside the testbed, often
+/// the `cpu` engines alone).
+#[derive(Default)]
+pub struct Coverage(Vec<(String, usize)>);
+
+impl Coverage {
+    /// Records that `engine` ran `cases` cases.
+    pub fn ran(&mut self, engine: &str, cases: usize) {
+        match self.0.iter_mut().find(|(name, _)| name == engine) {
+            Some((_, n)) => *n += cases,
+            None => self.0.push((engine.to_string(), cases)),
+        }
+    }
+
+    /// Says which engines `suite` covered and which did not open here, and records a
+    /// failure for each `cpu` engine ([`cpu_engine_names`]) that ran no case: those
+    /// open everywhere, so a suite that did not reach them checked nothing.
+    pub fn report(&self, suite: &str, failures: &mut Failures) {
+        let covered: Vec<String> = self
+            .0
+            .iter()
+            .map(|(name, n)| format!("{name} ({n})"))
+            .collect();
+        let skipped = SKIPPED.lock().unwrap_or_else(|e| e.into_inner()).join(", ");
+        say(&format!(
+            "{suite}: engines covered (jobs run): {}; not here: {}",
+            covered.join(", "),
+            if skipped.is_empty() { "none" } else { &skipped }
+        ));
+        for cpu in cpu_engine_names() {
+            if !self.0.iter().any(|(name, n)| *name == cpu && *n > 0) {
+                failures.push(format!("{suite}: engine {cpu} ran no case"));
+            }
+        }
+    }
+}
+
 /// Checks `cases` on every engine by every path; prints what ran where and panics with
-/// every mismatch found.
+/// every mismatch found, or if a `cpu` engine did not run every case.
 pub fn check_everywhere(suite: &str, cases: &[Case]) {
     let mut failures = Failures::default();
+    let mut coverage = Coverage::default();
     for engine in engines().into_iter().chain(cpu_implementations()) {
         let mut rig = Rig::new(engine);
         let ran = rig.check(cases, &mut failures);
@@ -563,13 +633,16 @@ pub fn check_everywhere(suite: &str, cases: &[Case]) {
             cases.len(),
             cases.len() - ran
         );
-        if rig.name() == "cpu" && ran != cases.len() {
+        if cpu_engine_names().iter().any(|cpu| cpu == rig.name()) && ran != cases.len() {
             failures.push(format!(
-                "{suite}: cpu skipped {} cases; it supports every cipher",
+                "{suite}: {} skipped {} cases; it supports every cipher",
+                rig.name(),
                 cases.len() - ran
             ));
         }
+        coverage.ran(rig.name(), ran);
     }
+    coverage.report(suite, &mut failures);
     failures.assert_none(suite);
 }
 

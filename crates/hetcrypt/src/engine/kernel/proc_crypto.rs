@@ -160,5 +160,20 @@ mod tests {
         let one = parse("name : x\ndriver : y\npriority : not-a-number\n");
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].priority, None);
+        // A block needs both a name and a driver.
+        let named = parse("name : x\n\ndriver : lone\n\nname : y\ndriver : z\n");
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(
+            (named[0].name.as_str(), named[0].driver.as_str()),
+            ("y", "z")
+        );
+    }
+
+    #[test]
+    fn reads_the_file_it_is_given() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/engine/kernel/testdata/proc_crypto_debian_6.1_virtio.txt");
+        assert_eq!(read(&path).expect("the test data is there"), parse(GUEST));
+        assert!(read(&path.with_extension("missing")).is_err());
     }
 }
