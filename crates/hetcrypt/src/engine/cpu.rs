@@ -789,17 +789,7 @@ impl Lane for CpuLane {
         if let Some(result) = self.run_raw_direct(job, keys, out) {
             return result;
         }
-        let owned = Job::new(
-            job.cipher,
-            job.direction,
-            job.key,
-            job.iv,
-            job.input.to_vec(),
-        );
-        let mut result = JobOutput::default();
-        self.run_one(&owned, keys, &mut result)?;
-        out.copy_from_slice(&result.data);
-        Ok(())
+        super::run_raw_copied(job, out, |owned, result| self.run_one(owned, keys, result))
     }
 
     /// Drops the keyed contexts and expanded keys of removed keys (the `aes` crate's

@@ -245,17 +245,7 @@ pub trait Lane: Send {
                 len: job.input.len(),
             });
         }
-        let owned = Job::new(
-            job.cipher,
-            job.direction,
-            job.key,
-            job.iv,
-            job.input.to_vec(),
-        );
-        let mut result = JobOutput::default();
-        self.run(&owned, keys, &mut result)?;
-        out.copy_from_slice(&result.data);
-        Ok(())
+        run_raw_copied(job, out, |owned, result| self.run(owned, keys, result))
     }
 
     /// Drops whatever the lane cached for these keys (contexts, expanded keys,
@@ -266,6 +256,26 @@ pub trait Lane: Send {
         let _ = ids;
         false
     }
+}
+
+/// A [`RawJob`] run as an owned [`Job`] by `run` (one copy each way), for lanes whose
+/// requests cannot read and write the caller's buffers directly.
+pub(crate) fn run_raw_copied(
+    job: &RawJob<'_>,
+    out: &mut [u8],
+    run: impl FnOnce(&Job, &mut JobOutput) -> Result<()>,
+) -> Result<()> {
+    let owned = Job::new(
+        job.cipher,
+        job.direction,
+        job.key,
+        job.iv,
+        job.input.to_vec(),
+    );
+    let mut result = JobOutput::default();
+    run(&owned, &mut result)?;
+    out.copy_from_slice(&result.data);
+    Ok(())
 }
 
 #[cfg(test)]
