@@ -838,22 +838,7 @@ impl Drop for AdaptiveSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::EngineKind;
-    use crate::policy::{EngineMeta, LaneMeta};
-
-    /// A `cpu` lane and a `kernel` module lane, one each.
-    fn engines() -> Vec<EngineMeta> {
-        [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
-            .iter()
-            .map(|(name, kind)| EngineMeta {
-                name: name.to_string(),
-                kind: *kind,
-                lanes: 1,
-                max_batch: 1,
-                uses_host_cpu: *kind == EngineKind::Cpu,
-            })
-            .collect()
-    }
+    use crate::policy::tests::{cbc_jobs, cpu_and_kernel};
 
     /// The first job each lane takes, asked from a thread so that a lane the policy
     /// makes wait fails the test instead of hanging it.
@@ -874,16 +859,8 @@ mod tests {
     /// module's first job is a probe of the smallest class.
     #[test]
     fn seeded_adaptive_routes_the_first_jobs_by_the_stored_model() {
-        let engines = engines();
-        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
-        let jobs: Vec<JobMeta> = (0..100)
-            .map(|i| JobMeta {
-                len: if i < 50 { 64 } else { 65536 },
-                cipher: Cipher::AES_128_CBC,
-                direction: Direction::Encrypt,
-                engines: EngineMask(3),
-            })
-            .collect();
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs((0..100).map(|i| if i < 50 { 64 } else { 65536 }));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -923,16 +900,8 @@ mod tests {
     #[test]
     fn seeded_mix_gain_decides_whether_the_cpu_joins() {
         use crate::calibration::{MixCalibration, MixPoint};
-        let engines = engines();
-        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
-        let jobs: Vec<JobMeta> = (0..200)
-            .map(|_| JobMeta {
-                len: 65536,
-                cipher: Cipher::AES_128_CBC,
-                direction: Direction::Encrypt,
-                engines: EngineMask(3),
-            })
-            .collect();
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([65536; 200]);
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -978,16 +947,8 @@ mod tests {
     /// probes such jobs in its first batches: `tests/deferred_lanes.rs`.)
     #[test]
     fn seeded_adaptive_leaves_a_slow_module_out_of_the_first_batch_of_tiny_jobs() {
-        let engines = engines();
-        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
-        let jobs: Vec<JobMeta> = (0..400)
-            .map(|_| JobMeta {
-                len: 16,
-                cipher: Cipher::AES_128_CBC,
-                direction: Direction::Encrypt,
-                engines: EngineMask(3),
-            })
-            .collect();
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([16; 400]);
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,

@@ -231,12 +231,12 @@ pub fn by_name_with(name: &str, calibration: Option<&Arc<Calibration>>) -> Resul
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A `cpu` and a `kernel` engine with one lane each, and `jobs` of AES-128-CBC
-    /// encryption of these lengths that both can run.
-    fn two_engines() -> (Vec<EngineMeta>, Vec<LaneMeta>) {
+    /// A `cpu` and a `kernel` engine with one lane each (engine indices 0 and 1): the
+    /// policies' tests plan over these.
+    pub(crate) fn cpu_and_kernel() -> (Vec<EngineMeta>, Vec<LaneMeta>) {
         let engines = [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
             .iter()
             .map(|(name, kind)| EngineMeta {
@@ -247,13 +247,34 @@ mod tests {
                 uses_host_cpu: *kind == EngineKind::Cpu,
             })
             .collect();
-        let lanes = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
-        (engines, lanes)
+        (engines, one_lane_each(2))
     }
 
-    fn jobs(lens: &[usize]) -> Vec<JobMeta> {
-        lens.iter()
-            .map(|&len| JobMeta {
+    /// Two engines named `a` and `b` of the same kind, one lane each, batches of 4.
+    pub(crate) fn engines_a_and_b() -> (Vec<EngineMeta>, Vec<LaneMeta>) {
+        let engines = ["a", "b"]
+            .iter()
+            .map(|name| EngineMeta {
+                name: name.to_string(),
+                kind: EngineKind::Cpu,
+                lanes: 1,
+                max_batch: 4,
+                uses_host_cpu: true,
+            })
+            .collect();
+        (engines, one_lane_each(2))
+    }
+
+    fn one_lane_each(engines: usize) -> Vec<LaneMeta> {
+        (0..engines)
+            .map(|engine| LaneMeta { engine, index: 0 })
+            .collect()
+    }
+
+    /// AES-128-CBC encryption jobs of these lengths that both engines can run.
+    pub(crate) fn cbc_jobs(lens: impl IntoIterator<Item = usize>) -> Vec<JobMeta> {
+        lens.into_iter()
+            .map(|len| JobMeta {
                 len,
                 cipher: Cipher::AES_128_CBC,
                 direction: Direction::Encrypt,
@@ -389,8 +410,8 @@ mod tests {
     #[test]
     fn by_name_with_a_calibration_seeds_threshold_and_adaptive() {
         let cal = Arc::new(crate::calibration::tests::cpu_and_module());
-        let (engines, lanes) = two_engines();
-        let jobs = jobs(&[64, 65536]);
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64, 65536]);
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,

@@ -70,22 +70,12 @@ impl Schedule for OnlySchedule {
 mod tests {
     use super::*;
     use crate::cipher::{Cipher, Direction};
-    use crate::engine::EngineKind;
+    use crate::policy::tests::engines_a_and_b;
     use crate::policy::{EngineMeta, JobMeta, LaneMeta};
 
     /// Engines `a` and `b`, one lane each, and five jobs both can run.
     fn setup() -> (Vec<EngineMeta>, Vec<LaneMeta>, Vec<JobMeta>) {
-        let engines = ["a", "b"]
-            .iter()
-            .map(|name| EngineMeta {
-                name: name.to_string(),
-                kind: EngineKind::Cpu,
-                lanes: 1,
-                max_batch: 4,
-                uses_host_cpu: true,
-            })
-            .collect();
-        let lanes = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let (engines, lanes) = engines_a_and_b();
         let job = JobMeta {
             len: 16,
             cipher: Cipher::AES_128_CTR,

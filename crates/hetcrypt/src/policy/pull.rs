@@ -39,22 +39,12 @@ impl Schedule for PullSchedule {
 mod tests {
     use super::*;
     use crate::cipher::{Cipher, Direction};
-    use crate::engine::EngineKind;
-    use crate::policy::{EngineMeta, JobMeta, LaneMeta};
+    use crate::policy::tests::engines_a_and_b;
+    use crate::policy::JobMeta;
 
     #[test]
     fn lanes_take_in_order_what_their_engine_can_run_and_a_failure_returns_the_rest() {
-        let engines: Vec<EngineMeta> = ["a", "b"]
-            .iter()
-            .map(|name| EngineMeta {
-                name: name.to_string(),
-                kind: EngineKind::Cpu,
-                lanes: 1,
-                max_batch: 4,
-                uses_host_cpu: true,
-            })
-            .collect();
-        let lanes: Vec<LaneMeta> = (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect();
+        let (engines, lanes) = engines_a_and_b();
         // Jobs 1 and 3 run only on engine b.
         let jobs: Vec<JobMeta> = [0b11, 0b10, 0b11, 0b10, 0b11]
             .iter()

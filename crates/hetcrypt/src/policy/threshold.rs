@@ -410,7 +410,8 @@ impl Schedule for Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{EngineMeta, JobMeta, LaneMeta};
+    use crate::policy::tests::cpu_and_kernel;
+    use crate::policy::JobMeta;
 
     #[test]
     fn crossover_is_where_the_large_side_starts_winning_for_good() {
@@ -427,23 +428,6 @@ mod tests {
         let bumpy = [(16, 1.0, 2.0), (1024, 2.0, 1.0), (16384, 1.0, 3.0)];
         assert_eq!(crossover(&bumpy), 16384);
         assert_eq!(crossover(&[]), usize::MAX);
-    }
-
-    fn engines() -> Vec<EngineMeta> {
-        [("cpu", EngineKind::Cpu), ("kernel", EngineKind::Kernel)]
-            .iter()
-            .map(|(name, kind)| EngineMeta {
-                name: name.to_string(),
-                kind: *kind,
-                lanes: 1,
-                max_batch: 1,
-                uses_host_cpu: *kind == EngineKind::Cpu,
-            })
-            .collect()
-    }
-
-    fn lanes() -> Vec<LaneMeta> {
-        (0..2).map(|engine| LaneMeta { engine, index: 0 }).collect()
     }
 
     fn job(len: usize, engines: u64) -> JobMeta {
@@ -463,7 +447,7 @@ mod tests {
 
     #[test]
     fn set_threshold_sends_small_jobs_to_the_cpu_and_the_rest_elsewhere() {
-        let (engines, lanes) = (engines(), lanes());
+        let (engines, lanes) = cpu_and_kernel();
         // Job 2 is large but only the cpu can run it; job 3 is small but only the
         // kernel can.
         let jobs = [job(100, 3), job(5000, 3), job(9000, 1), job(10, 2)];
@@ -492,9 +476,8 @@ mod tests {
     /// here second, so the large side is every other engine (the first), not the cpu.
     #[test]
     fn the_cpu_takes_the_small_jobs_when_it_is_not_the_first_engine() {
-        let mut engines = engines();
+        let (mut engines, lanes) = cpu_and_kernel();
         engines.reverse();
-        let lanes = lanes();
         let jobs = [job(100, 3), job(5000, 3), job(50, 3), job(9000, 3)];
         let plan = Plan {
             jobs: &jobs,
@@ -515,7 +498,7 @@ mod tests {
     /// jobs no other engine may take.
     #[test]
     fn engines_needed_and_engine_failed_follow_the_split() {
-        let (engines, lanes) = (engines(), lanes());
+        let (engines, lanes) = cpu_and_kernel();
         let small = [job(100, 3), job(200, 3)];
         let plan = Plan {
             jobs: &small,
@@ -552,7 +535,7 @@ mod tests {
     /// large jobs too.
     #[test]
     fn timings_of_several_jobs_count_per_job() {
-        let (engines, lanes) = (engines(), lanes());
+        let (engines, lanes) = cpu_and_kernel();
         let jobs: Vec<JobMeta> = [64, 16384]
             .iter()
             .cycle()
@@ -593,7 +576,7 @@ mod tests {
     /// crossover, measuring nothing; a class the store does not know is still measured.
     #[test]
     fn calibrated_threshold_routes_the_first_jobs_by_the_stored_crossover() {
-        let (engines, lanes) = (engines(), lanes());
+        let (engines, lanes) = cpu_and_kernel();
         // AES-128-CBC encryption: the cpu at 1 us + 10 ns/B, the module at 200 us +
         // 1 ns/B, crossing at ~22,100 bytes.
         let cal = Arc::new(crate::calibration::tests::cpu_and_module());
@@ -643,7 +626,7 @@ mod tests {
 
     #[test]
     fn calibrating_threshold_measures_first_then_splits_at_the_crossover() {
-        let (engines, lanes) = (engines(), lanes());
+        let (engines, lanes) = cpu_and_kernel();
         let jobs: Vec<JobMeta> = [64, 16384]
             .iter()
             .cycle()
