@@ -250,15 +250,16 @@ pub(crate) mod tests {
         (engines, one_lane_each(2))
     }
 
-    /// Two engines named `a` and `b` of the same kind, one lane each, batches of 4.
-    pub(crate) fn engines_a_and_b() -> (Vec<EngineMeta>, Vec<LaneMeta>) {
+    /// Two engines named `a` and `b` of the same kind, one lane each, batches of at
+    /// most `max_batch` jobs.
+    pub(crate) fn engines_a_and_b(max_batch: usize) -> (Vec<EngineMeta>, Vec<LaneMeta>) {
         let engines = ["a", "b"]
             .iter()
             .map(|name| EngineMeta {
                 name: name.to_string(),
                 kind: EngineKind::Cpu,
                 lanes: 1,
-                max_batch: 4,
+                max_batch,
                 uses_host_cpu: true,
             })
             .collect();

@@ -75,7 +75,7 @@ mod tests {
 
     /// Engines `a` and `b`, one lane each, and five jobs both can run.
     fn setup() -> (Vec<EngineMeta>, Vec<LaneMeta>, Vec<JobMeta>) {
-        let (engines, lanes) = engines_a_and_b();
+        let (engines, lanes) = engines_a_and_b(4);
         let job = JobMeta {
             len: 16,
             cipher: Cipher::AES_128_CTR,

@@ -230,30 +230,8 @@ impl Drop for PollingSchedule {
 mod tests {
     use super::*;
     use crate::cipher::{Cipher, Direction};
-    use crate::engine::EngineKind;
-    use crate::policy::{EngineMask, EngineMeta, JobMeta, LaneMeta};
-
-    fn engines() -> Vec<EngineMeta> {
-        ["a", "b"]
-            .iter()
-            .map(|n| EngineMeta {
-                name: n.to_string(),
-                kind: EngineKind::Cpu,
-                lanes: 1,
-                max_batch: 1,
-                uses_host_cpu: true,
-            })
-            .collect()
-    }
-
-    fn lanes() -> Vec<LaneMeta> {
-        (0..2)
-            .map(|e| LaneMeta {
-                engine: e,
-                index: 0,
-            })
-            .collect()
-    }
+    use crate::policy::tests::engines_a_and_b;
+    use crate::policy::{EngineMask, JobMeta};
 
     fn jobs(n: usize, engines: u64) -> Vec<JobMeta> {
         (0..n)
@@ -268,7 +246,7 @@ mod tests {
 
     #[test]
     fn hands_every_job_once_then_closes() {
-        let (engines, lanes, jobs) = (engines(), lanes(), jobs(10, 0b11));
+        let ((engines, lanes), jobs) = (engines_a_and_b(1), jobs(10, 0b11));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -299,7 +277,7 @@ mod tests {
     #[test]
     fn a_failed_engine_gives_back_its_jobs_and_its_lanes_are_released() {
         // Every job can run only on engine 1: when it fails, all come back.
-        let (engines, lanes, jobs) = (engines(), lanes(), jobs(5, 0b10));
+        let ((engines, lanes), jobs) = (engines_a_and_b(1), jobs(5, 0b10));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -324,7 +302,7 @@ mod tests {
     /// with the jobs they can run (none is given back: another engine takes them).
     #[test]
     fn only_the_failed_engines_lanes_are_stopped() {
-        let (engines, lanes, jobs) = (engines(), lanes(), jobs(4, 0b11));
+        let ((engines, lanes), jobs) = (engines_a_and_b(1), jobs(4, 0b11));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -343,7 +321,7 @@ mod tests {
     /// ask (the thread would otherwise poll for ever, holding the shared state).
     #[test]
     fn dropping_the_schedule_ends_the_dispatcher_thread() {
-        let (engines, lanes, jobs) = (engines(), lanes(), jobs(3, 0b11));
+        let ((engines, lanes), jobs) = (engines_a_and_b(1), jobs(3, 0b11));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,
@@ -385,7 +363,7 @@ mod tests {
 
     #[test]
     fn the_dispatcher_thread_ends_when_dropped_or_when_all_slots_close() {
-        let (engines, lanes, jobs) = (engines(), lanes(), jobs(0, 0b11));
+        let ((engines, lanes), jobs) = (engines_a_and_b(1), jobs(0, 0b11));
         let plan = Plan {
             jobs: &jobs,
             engines: &engines,

@@ -44,7 +44,7 @@ mod tests {
 
     #[test]
     fn lanes_take_in_order_what_their_engine_can_run_and_a_failure_returns_the_rest() {
-        let (engines, lanes) = engines_a_and_b();
+        let (engines, lanes) = engines_a_and_b(4);
         // Jobs 1 and 3 run only on engine b.
         let jobs: Vec<JobMeta> = [0b11, 0b10, 0b11, 0b10, 0b11]
             .iter()
