@@ -116,7 +116,7 @@ impl Dispatcher {
             .collect();
         let failed = vec![None; engines.len()];
         Ok(Dispatcher {
-            kinds: engines.iter().map(|e| e.info().kind).collect(),
+            kinds: engines.iter().map(|e| e.kind()).collect(),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             engines,
             keys: KeyStore::new(),

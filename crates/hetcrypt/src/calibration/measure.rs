@@ -265,7 +265,7 @@ pub fn measure(
         if !classes.is_empty() {
             measured.push(EngineCalibration {
                 name: engine.name().to_string(),
-                kind: engine.info().kind,
+                kind: engine.kind(),
                 lanes: engine.lanes(),
                 classes,
             });
@@ -523,7 +523,7 @@ struct Pair {
 fn mix_plan(engines: &[EngineRef], plans: &[Vec<Todo>]) -> Vec<Pair> {
     let cpu: Vec<bool> = engines
         .iter()
-        .map(|e| e.info().kind == EngineKind::Cpu)
+        .map(|e| e.kind() == EngineKind::Cpu)
         .collect();
     let mut pairs = Vec::new();
     for a in (0..engines.len()).filter(|&a| cpu[a]) {

@@ -31,6 +31,10 @@ pub use select::{ChainsChoice, Choice, Implementation, Probe, CHAIN_WIDTHS};
 /// use among [`CHAIN_WIDTHS`] (see `select.rs`).
 pub const DEFAULT_CHAINS: usize = 8;
 
+/// The widest of [`CHAIN_WIDTHS`]: the batch an engine whose width is left to
+/// measurement asks for (a multiple of every candidate, so lockstep groups stay full).
+const WIDEST_CHAINS: usize = CHAIN_WIDTHS[CHAIN_WIDTHS.len() - 1];
+
 /// The OpenSSL cipher for one of ours.
 fn evp_cipher(cipher: Cipher) -> &'static CipherRef {
     use openssl::cipher::Cipher as C;
@@ -179,12 +183,23 @@ impl CpuEngine {
     }
 
     /// The lockstep width lanes use: the configured one where the `aes` crate runs,
-    /// 1 (EVP one job at a time) where it does not.
+    /// 1 (EVP one job at a time) where it does not, or the measured one (measuring
+    /// now if no lane has yet).
     fn chains(&self) -> usize {
-        if self.parallel.multibuffer() {
-            self.chains.unwrap_or_else(|| self.select.chains().chains)
-        } else {
-            1
+        match self.width() {
+            Width::Fixed(chains) => chains,
+            Width::Measured => self.select.chains().chains,
+        }
+    }
+
+    /// The lockstep width as lanes hold it: a measured width stays unmeasured until
+    /// the first batch that runs in lockstep, so a process that never encrypts CBC
+    /// in batches never pays for the probe.
+    fn width(&self) -> Width {
+        match (self.parallel.multibuffer(), self.chains) {
+            (false, _) => Width::Fixed(1),
+            (true, Some(chains)) => Width::Fixed(chains),
+            (true, None) => Width::Measured,
         }
     }
 
@@ -199,13 +214,13 @@ impl CpuEngine {
             contexts: Vec::new(),
             cbc_chains: Vec::new(),
             aes_keys: Vec::new(),
-            chains: self.chains(),
+            width: self.width(),
             select: Arc::clone(&self.select),
             ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
-            picked: Vec::with_capacity(self.chains()),
-            ctr_picked: Vec::with_capacity(self.chains()),
-            pads: Vec::with_capacity(self.chains()),
+            picked: Vec::with_capacity(self.max_batch()),
+            ctr_picked: Vec::with_capacity(self.max_batch()),
+            pads: Vec::with_capacity(self.max_batch()),
         }
     }
 }
@@ -295,6 +310,11 @@ impl Engine for CpuEngine {
         }
     }
 
+    /// Without measuring anything (a dispatcher asks when it opens).
+    fn kind(&self) -> EngineKind {
+        EngineKind::Cpu
+    }
+
     fn lanes(&self) -> usize {
         self.lanes
     }
@@ -309,8 +329,14 @@ impl Engine for CpuEngine {
         Ok(Box::new(lane))
     }
 
+    /// The lockstep width, or where it is left to measurement, the widest the
+    /// measurement can pick: opening a dispatcher then does not run the probe, and a
+    /// batch wider than the measured width runs as a rolling lockstep at that width.
     fn max_batch(&self) -> usize {
-        self.chains()
+        match self.width() {
+            Width::Fixed(chains) => chains,
+            Width::Measured => WIDEST_CHAINS,
+        }
     }
 
     /// A pinned lane would pin the caller's thread too.
@@ -337,6 +363,25 @@ thread_local! {
     static PINNED_TO: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
+/// How many CBC messages a lane encrypts in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Width {
+    /// Set by configuration (1: no lockstep, every job through EVP alone).
+    Fixed(usize),
+    /// The process's measured width, measured at the first lockstep batch.
+    Measured,
+}
+
+impl Width {
+    /// Whether batches of CBC encryption run in lockstep (every measured width does).
+    fn lockstep(self) -> bool {
+        match self {
+            Width::Fixed(chains) => chains > 1,
+            Width::Measured => true,
+        }
+    }
+}
+
 /// One `cpu` lane: keyed EVP contexts re-initialised with only the IV per job (small
 /// jobs pay no key schedule), expanded AES keys for multi-buffer CBC, and scratch
 /// space reused from batch to batch.
@@ -351,7 +396,7 @@ pub struct CpuLane {
     /// Expanded keys per (key, size), most recently used first (a list for the same
     /// reason as `contexts`); zeroized on drop by the `aes` crate.
     aes_keys: Vec<((KeyId, KeySize), multibuf::AesKey)>,
-    chains: usize,
+    width: Width,
     /// Which implementation runs CTR and CBC decryption, per key size and job size.
     select: Arc<select::Selection>,
     /// CTR's counter and keystream blocks, made on the first CTR job.
@@ -553,7 +598,7 @@ impl CpuLane {
                 for &k in group {
                     outs[k].data.clear();
                     outs[k].tag = None;
-                    results[k] = Err(copy_error(&e));
+                    results[k] = Err(error_for(&e, jobs[k]));
                 }
                 return;
             }
@@ -607,9 +652,10 @@ impl CpuLane {
         let key = match aes_key(&mut self.aes_keys, first.key, first.cipher, keys) {
             Ok(key) => key,
             Err(e) => {
-                // Every job of the group shares the key and so the error.
+                // Every job of the group shares the key and so the error (but not
+                // always the mode: CBC with and without padding share a group).
                 for &k in group {
-                    results[k] = Err(copy_error(&e));
+                    results[k] = Err(error_for(&e, jobs[k]));
                 }
                 return;
             }
@@ -635,7 +681,11 @@ impl CpuLane {
                 out: k,
             }
         });
-        multibuf::encrypt_cbc(key, self.chains, chains, outs);
+        let width = match self.width {
+            Width::Fixed(width) => width,
+            Width::Measured => self.select.chains().chains,
+        };
+        multibuf::encrypt_cbc(key, width, chains, outs);
         for &k in group {
             results[k] = Ok(());
         }
@@ -733,6 +783,19 @@ fn copy_error(e: &Error) -> Error {
     }
 }
 
+/// `e`, a failure of a group's shared key, as job `job`'s own: a key length error
+/// names the job's cipher, which may differ from the first job's in padding.
+fn error_for(e: &Error, job: &Job) -> Error {
+    match copy_error(e) {
+        Error::KeyLength { expected, got, .. } => Error::KeyLength {
+            cipher: job.cipher,
+            expected,
+            got,
+        },
+        other => other,
+    }
+}
+
 /// The last block of a PKCS#7-padded message: the input's trailing partial block
 /// followed by `n` bytes of value `n` (a whole block of 16s if the input is aligned).
 fn pkcs7_last_block(input: &[u8]) -> [u8; BLOCK_LEN] {
@@ -823,7 +886,7 @@ impl Lane for CpuLane {
         let mut ctr_picked = std::mem::take(&mut self.ctr_picked);
         ctr_picked.clear();
         for (k, job) in jobs.iter().enumerate() {
-            if self.chains > 1 && is_cbc_encrypt(job) {
+            if self.width.lockstep() && is_cbc_encrypt(job) {
                 match job.validate() {
                     Ok(()) => picked.push(k),
                     Err(e) => results[k] = Err(e),
@@ -1590,14 +1653,18 @@ mod tests {
         let auto = CpuEngine::with_lanes(1);
         let width = auto.max_batch();
         if aes::hardware_accelerated() {
+            // Batches as wide as any width can be; lanes measure at the first
+            // lockstep batch.
+            assert_eq!(width, WIDEST_CHAINS);
+            assert_eq!(auto.lane(0).width, Width::Measured);
             let measured = auto.multibuffer_choice().expect("multi-buffer is on");
-            assert_eq!(measured.chains, width);
-            assert!(CHAIN_WIDTHS.contains(&width), "{width}");
+            assert!(CHAIN_WIDTHS.contains(&measured.chains), "{measured:?}");
             assert_eq!(measured.probes.len(), CHAIN_WIDTHS.len());
+            assert_eq!(auto.chains(), measured.chains);
         } else {
             assert_eq!(width, 1);
+            assert_eq!(auto.lane(0).width, Width::Fixed(1));
         }
-        assert_eq!(auto.lane(0).chains, width);
         // A width set by hand is not measured.
         let set = CpuEngine::with_lanes(1).multibuffer(4);
         assert_eq!(set.multibuffer_choice(), None);

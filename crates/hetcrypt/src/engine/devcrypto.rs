@@ -322,6 +322,10 @@ impl Engine for DevcryptoEngine {
         }
     }
 
+    fn kind(&self) -> EngineKind {
+        EngineKind::Devcrypto
+    }
+
     fn lanes(&self) -> usize {
         self.lanes
     }

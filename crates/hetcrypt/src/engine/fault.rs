@@ -73,6 +73,10 @@ impl Engine for FaultyEngine {
         }
     }
 
+    fn kind(&self) -> EngineKind {
+        EngineKind::FaultInjection
+    }
+
     fn lanes(&self) -> usize {
         self.inner.lanes()
     }

@@ -389,6 +389,10 @@ impl Engine for KernelEngine {
         }
     }
 
+    fn kind(&self) -> EngineKind {
+        EngineKind::Kernel
+    }
+
     fn lanes(&self) -> usize {
         self.lanes
     }

@@ -71,8 +71,14 @@ pub trait Engine: Send + Sync {
     /// The engine's name, unique within a dispatcher.
     fn name(&self) -> &str;
 
-    /// A description: kind, lanes, drivers.
+    /// A description: kind, lanes, drivers. It may do work to find out (the `cpu`
+    /// engine measures its implementations); [`Engine::kind`] does not.
     fn info(&self) -> EngineInfo;
+
+    /// Its kind, as [`Engine::info`] gives it, without the rest of the description.
+    fn kind(&self) -> EngineKind {
+        self.info().kind
+    }
 
     /// How many lanes the dispatcher should open.
     fn lanes(&self) -> usize;
@@ -508,7 +514,7 @@ pub(crate) mod tests {
         let cpu = by_name("cpu", Some(3)).expect("cpu opens everywhere");
         assert_eq!((cpu.name(), cpu.lanes()), ("cpu", 3));
         assert_eq!(
-            by_name("cpu", None).map(|e| e.info().kind).ok(),
+            by_name("cpu", None).map(|e| e.kind()).ok(),
             Some(EngineKind::Cpu)
         );
         for bad in [

@@ -10,9 +10,11 @@
 //! `hetcrypt engines` prints the figures. The probe costs about a millisecond per
 //! (mode, key size), once per process: it measures the CPU, which every engine shares.
 //!
-//! The multi-buffer width of CBC encryption is chosen the same way: the first engine
-//! that needs it times lockstep batches of each width in [`CHAIN_WIDTHS`] and keeps the
-//! fastest (8 won on the Intel host, 16 on the AMD EPYC ones).
+//! The multi-buffer width of CBC encryption is chosen the same way: the first lane
+//! that runs a lockstep batch times lockstep batches of each width in
+//! [`CHAIN_WIDTHS`] and keeps the fastest (8 won on the Intel host, 16 on the AMD EPYC
+//! ones). Nothing is measured when an engine or a dispatcher opens, so a process that
+//! runs only GCM (most of `hetcrypt encrypt`) never pays for a probe.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
