@@ -25,6 +25,7 @@ macro_rules! entry {
 pub mod cipher;
 pub mod core;
 pub mod inner;
+pub mod load;
 pub mod params;
 pub mod route;
 

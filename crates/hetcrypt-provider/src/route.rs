@@ -13,6 +13,7 @@ use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
 use hetcrypt::{Direction, Key, KeyId, KeyStore};
 
 use crate::inner::OFFERED;
+use crate::load::{thread_cpu_ns, LoadSampler};
 
 /// What the provider was told to do (openssl.cnf keys, overridden by environment).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,6 +258,8 @@ pub struct Router {
     pub module_counter: Counter,
     /// Calls that failed on the module and completed on the CPU.
     pub failovers: AtomicU64,
+    /// How busy the CPUs are, for the router (sampled from timed calls).
+    load: LoadSampler,
 }
 
 /// Starts the router from the calibration store, where one exists for this machine:
@@ -356,6 +359,14 @@ impl Router {
             cpu: Counter::default(),
             module_counter: Counter::default(),
             failovers: AtomicU64::new(0),
+            load: LoadSampler::default(),
+        }
+    }
+
+    /// Tells the router how busy the CPUs are, when a sampling period has passed.
+    fn sample_load(&self, now: Instant) {
+        if let Some(busy) = self.load.sample(now) {
+            self.calls.set_busy(busy);
         }
     }
 
@@ -384,7 +395,9 @@ impl Router {
 
     /// Records a timed in-line call.
     pub fn cpu_took(&self, alg: usize, enc: bool, len: usize, started: Instant) {
-        let ns = started.elapsed().as_nanos() as u64;
+        let now = Instant::now();
+        let ns = now.saturating_duration_since(started).as_nanos() as u64;
+        self.sample_load(now);
         self.calls.observe_cpu(
             CallSite {
                 cipher: alg,
@@ -427,9 +440,13 @@ impl Router {
             input,
         };
         let started = Instant::now();
+        let cpu_started = thread_cpu_ns();
         let result = module.run(&mut guard, &job, out);
         drop(guard);
-        let ns = started.elapsed().as_nanos() as u64;
+        let cpu_ns = thread_cpu_ns().saturating_sub(cpu_started);
+        let now = Instant::now();
+        let ns = now.saturating_duration_since(started).as_nanos() as u64;
+        self.sample_load(now);
         match result {
             Ok(cold) => {
                 self.module_counter.add(1, input.len() as u64, ns);
@@ -440,6 +457,10 @@ impl Router {
                         len: input.len(),
                     };
                     self.calls.observe_module(site, ns);
+                    // 0: the thread's clock could not be read (or did not move).
+                    if cpu_ns > 0 {
+                        self.calls.observe_module_cpu(site, cpu_ns);
+                    }
                 }
                 true
             }
@@ -470,19 +491,26 @@ impl Router {
     /// What the router measured, one line per call site: the evidence behind its
     /// choices (written after the summary when `HETCRYPT_PROVIDER_TRACE` is set).
     pub fn trace(&self) -> String {
-        self.calls
-            .estimates()
-            .into_iter()
-            .map(|(alg, enc, len, cpu, module)| {
-                format!(
-                    "  {} {} from {len} B: in-line {:.1} us, module {:.1} us\n",
-                    OFFERED[alg].0.to_string_lossy(),
-                    if enc { "encrypt" } else { "decrypt" },
-                    cpu as f64 / 1e3,
-                    module as f64 / 1e3
-                )
-            })
-            .collect()
+        let busy = format!(
+            "  CPUs busy {:.1}% (last sample)\n",
+            f64::from(self.calls.busy()) / 10.0
+        );
+        let sites =
+            self.calls
+                .estimates()
+                .into_iter()
+                .map(|(alg, enc, len, cpu, module, module_cpu)| {
+                    format!(
+                        "  {} {} from {len} B: in-line {:.1} us, module {:.1} us \
+                     ({:.1} us of it the caller's CPU)\n",
+                        OFFERED[alg].0.to_string_lossy(),
+                        if enc { "encrypt" } else { "decrypt" },
+                        cpu as f64 / 1e3,
+                        module as f64 / 1e3,
+                        module_cpu as f64 / 1e3
+                    )
+                });
+        std::iter::once(busy).chain(sites).collect()
     }
 
     /// The one-line summary: what each engine carried.

@@ -5,6 +5,13 @@
 //! class) keeps a moving average of what a call cost in-line and on the module, and
 //! the cheaper one takes the call. The in-line path never waits, so the router only
 //! ever makes a call wait for a module lane when the module is far cheaper.
+//!
+//! A module call costs its caller wall time but little CPU: while it waits, the CPU
+//! runs other work (seed 004's point). So when the machine's CPUs are busy (the caller
+//! reports how busy, [`CallRouter::set_busy`]), the module's cost counts as its CPU
+//! time in proportion: at full load a module call that is a little slower than an
+//! in-line one still wins, because the CPU it leaves to others is what limits the
+//! machine; on an idle machine wall time decides, as it did before.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -93,8 +100,11 @@ const FASTER_SHIFT: u32 = 1;
 /// its steady cost rather than its wake-up.
 const BURST: u32 = 8;
 /// A call waits for a busy module lane only when the module is this many times
-/// cheaper than the CPU: waiting costs up to one module call per lane ahead.
+/// cheaper than the CPU (in wall time): waiting costs up to one module call per lane
+/// ahead.
 const WAIT_FACTOR: u64 = 2;
+/// Full load in [`CallRouter::set_busy`]'s unit (per mille of all CPUs' time busy).
+pub const FULL_LOAD: u32 = 1000;
 
 thread_local! {
     /// Per-thread call count for sampling: no shared counter on the hot path.
@@ -113,8 +123,11 @@ fn tick() -> u32 {
 struct Estimate {
     /// Moving average of one call's cost in ns, in-line; 0 until measured.
     cpu: AtomicU64,
-    /// The same on the module.
+    /// The same on the module, in wall time.
     module: AtomicU64,
+    /// The caller's CPU time per module call (system calls, copies), where reported;
+    /// 0: not known, and the module's cost is its wall time whatever the load.
+    module_cpu: AtomicU64,
     /// Calls still to send to the module in the current check.
     burst: AtomicU32,
 }
@@ -125,6 +138,8 @@ pub struct CallRouter {
     ciphers: usize,
     threshold: Option<usize>,
     estimates: Vec<Estimate>,
+    /// How busy the machine's CPUs were lately, per mille ([`FULL_LOAD`]: all busy).
+    busy: AtomicU32,
 }
 
 /// Calls between checks of the engine a site does not prefer (a power of two, so the
@@ -176,7 +191,32 @@ impl CallRouter {
             estimates: (0..ciphers * 2 * CLASSES)
                 .map(|_| Estimate::default())
                 .collect(),
+            busy: AtomicU32::new(0),
         }
+    }
+
+    /// How busy the machine's CPUs were, as last reported (per mille).
+    pub fn busy(&self) -> u32 {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Reports how busy the machine's CPUs were lately, per mille of their time
+    /// (clamped to [`FULL_LOAD`]): the share of a module call's wall time that counts
+    /// as CPU time given to other work.
+    pub fn set_busy(&self, per_mille: u32) {
+        self.busy.store(per_mille.min(FULL_LOAD), Ordering::Relaxed);
+    }
+
+    /// What a module call at `e` costs the machine: its wall time on an idle machine,
+    /// falling towards the caller's CPU time per call as the CPUs get busy.
+    fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
+        let cpu = e.module_cpu.load(Ordering::Relaxed);
+        if wall == 0 || cpu == 0 {
+            return wall;
+        }
+        let freed = wall.saturating_sub(cpu);
+        let busy = u64::from(self.busy.load(Ordering::Relaxed));
+        (wall - freed * busy / u64::from(FULL_LOAD)).max(1)
     }
 
     /// The mode.
@@ -198,10 +238,11 @@ impl CallRouter {
             RouterMode::Balanced => {}
         }
         let e = self.estimate(site);
-        let (cpu, module) = (
+        let (cpu, wall) = (
             e.cpu.load(Ordering::Relaxed),
             e.module.load(Ordering::Relaxed),
         );
+        let module = self.module_cost(e, wall);
         let t = tick();
         if cpu == 0 {
             // Measure the in-line cost first: it never waits.
@@ -230,7 +271,7 @@ impl CallRouter {
             if t & (recheck_gap(cpu - module, module) - 1) == 0 {
                 return Route::Cpu { timed: true };
             }
-            if cpu > module.saturating_mul(WAIT_FACTOR) {
+            if cpu > wall.saturating_mul(WAIT_FACTOR) {
                 Route::Module
             } else {
                 Route::ModuleIfFree {
@@ -247,15 +288,17 @@ impl CallRouter {
     }
 
     /// What the router has measured: `(cipher, encrypt, smallest length of the size
-    /// class, in-line ns, module ns)` for every site with a measurement (0: none).
-    pub fn estimates(&self) -> Vec<(usize, bool, usize, u64, u64)> {
+    /// class, in-line ns, module ns, module CPU ns)` for every site with a
+    /// measurement (0: none).
+    pub fn estimates(&self) -> Vec<(usize, bool, usize, u64, u64, u64)> {
         self.estimates
             .iter()
             .enumerate()
             .filter_map(|(i, e)| {
-                let (cpu, module) = (
+                let (cpu, module, module_cpu) = (
                     e.cpu.load(Ordering::Relaxed),
                     e.module.load(Ordering::Relaxed),
+                    e.module_cpu.load(Ordering::Relaxed),
                 );
                 if cpu == 0 && module == 0 {
                     return None;
@@ -263,7 +306,14 @@ impl CallRouter {
                 let class = i % CLASSES;
                 let site = i / CLASSES;
                 let len = if class == 0 { 0 } else { 1usize << (class - 1) };
-                Some((site / 2, site.is_multiple_of(2), len, cpu, module))
+                Some((
+                    site / 2,
+                    site.is_multiple_of(2),
+                    len,
+                    cpu,
+                    module,
+                    module_cpu,
+                ))
             })
             .collect()
     }
@@ -289,9 +339,15 @@ impl CallRouter {
         fold(&self.estimate(site).cpu, ns);
     }
 
-    /// Reports a module call.
+    /// Reports a module call's wall time.
     pub fn observe_module(&self, site: CallSite, ns: u64) {
         fold(&self.estimate(site).module, ns);
+    }
+
+    /// Reports the CPU time the caller's thread spent in a module call (what
+    /// [`CallRouter::set_busy`] weighs the module's cost towards).
+    pub fn observe_module_cpu(&self, site: CallSite, ns: u64) {
+        fold(&self.estimate(site).module_cpu, ns);
     }
 }
 
@@ -322,6 +378,60 @@ mod tests {
         let module = CallRouter::new(RouterMode::Module, 1, None);
         module.observe_cpu(site(16), 1);
         assert_eq!(module.route(site(16)), Route::Module);
+    }
+
+    /// The soft guest's 16 KiB TLS records (docs/https.md): the module a little slower
+    /// in wall time than in-line, but its caller's CPU mostly idle meanwhile. Idle, the
+    /// site stays in-line; as the CPUs get busy the module takes it.
+    #[test]
+    fn a_busy_machine_counts_a_module_call_by_the_cpu_it_takes() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(16384), 1_900_000);
+        r.observe_module(site(16384), 2_000_000);
+        r.observe_module_cpu(site(16384), 200_000);
+        // (Only the checks, a burst of BURST every MIN_GAP calls where the two are
+        // this close, go to the module.)
+        let idle = module_share(&r, 16384, 1024);
+        let checks = 1024 / MIN_GAP as u32 * BURST;
+        assert!(idle <= checks, "idle: {idle} of 1024 to the module");
+        // Half busy: 2.0 ms - 1.8 ms * 0.5 = 1.1 ms < 1.9 ms.
+        r.set_busy(FULL_LOAD / 2);
+        assert_eq!(r.busy(), FULL_LOAD / 2);
+        let half = module_share(&r, 16384, 1024);
+        assert!(
+            half >= 1024 - 1024 / MIN_GAP as u32,
+            "half busy: {half} of 1024"
+        );
+        // Busy CPUs keep the module preferred, but never make a call wait for a lane
+        // unless it is far cheaper in wall time too.
+        r.set_busy(FULL_LOAD);
+        assert!((0..1024).all(|_| r.route(site(16384)) != Route::Module));
+        // Back to idle: in-line again.
+        r.set_busy(0);
+        assert_eq!(module_share(&r, 16384, 1024), idle);
+    }
+
+    /// Load cannot make the module win where even its CPU cost is above the in-line
+    /// cost (small calls: system calls cost more than the AES), nor where the caller
+    /// never reported the module's CPU time.
+    #[test]
+    fn load_helps_the_module_only_by_the_cpu_it_frees() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_busy(FULL_LOAD);
+        r.observe_cpu(site(256), 1_000);
+        r.observe_module(site(256), 17_000);
+        r.observe_module_cpu(site(256), 4_000);
+        assert!(module_share(&r, 256, 1024) <= 1024 / 8);
+        let checks = 1024 / MIN_GAP as u32 * BURST;
+        r.observe_cpu(site(16384), 1_900_000);
+        r.observe_module(site(16384), 2_000_000);
+        assert!(module_share(&r, 16384, 1024) <= checks);
+        // Clamped: more than full load counts as full load (the CPU time cannot
+        // go below what was reported).
+        r.set_busy(10 * FULL_LOAD);
+        assert_eq!(r.busy(), FULL_LOAD);
+        r.observe_module_cpu(site(16384), 1_950_000);
+        assert!(module_share(&r, 16384, 1024) <= checks);
     }
 
     #[test]
@@ -516,14 +626,15 @@ mod tests {
         r.observe_cpu(at(2, false, 3000), 500);
         r.seed_module(at(1, true, 0), 700);
         r.observe_module(at(0, true, 1), 30);
+        r.observe_module_cpu(at(0, true, 1), 4);
         r.observe_cpu(at(7, true, 1 << 30), 9);
         assert_eq!(
             r.estimates(),
             [
-                (0, true, 1, 0, 30),
-                (1, true, 0, 0, 700),
-                (2, true, 1 << 19, 9, 0),
-                (2, false, 2048, 500, 0),
+                (0, true, 1, 0, 30, 4),
+                (1, true, 0, 0, 700, 0),
+                (2, true, 1 << 19, 9, 0, 0),
+                (2, false, 2048, 500, 0, 0),
             ]
         );
         let lengths: Vec<usize> = CallRouter::class_lengths().collect();
