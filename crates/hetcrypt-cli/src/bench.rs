@@ -26,6 +26,11 @@ use crate::workload::{
 };
 use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 
+/// The pause between timed runs: in the testbed a policy that used the module leaves
+/// interrupts and device work behind for a few milliseconds, which a following batch of
+/// tiny jobs (~2 ms in all) paid for (docs/results.md, short runs).
+const SETTLE_MS: u64 = 50;
+
 /// The seeds' file sizes (seed 000, section 5: 8 B to 16 KiB).
 const SEED_SIZES: &str = "8,16,64,256,1024,4096,8192,16384";
 /// The policies that combine engines, compared after each engine alone: the seeds'
@@ -92,6 +97,11 @@ pub struct Args {
     /// Timed runs per policy and size (the tables show the median).
     #[arg(long, default_value_t = 5, value_parser = parse_count)]
     reps: u32,
+    /// Milliseconds to pause between timed runs, so that what one policy leaves
+    /// behind (a module's late interrupts, its device thread still busy) is not
+    /// timed as the next one's work; 0: none.
+    #[arg(long, value_name = "MS", default_value_t = SETTLE_MS)]
+    settle: u64,
     /// Engines to use (comma-separated) [default: every engine this machine has].
     #[arg(
         long = "engines",
@@ -193,10 +203,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             // neighbour leaves behind (a module's late completions and kernel work, the
             // caches it filled) weighed on one policy only, which matters for batches of
             // tiny jobs that take 2 ms in the testbed. Seeded by round, so a rerun takes
-            // the same orders.
+            // the same orders. The seed takes the size too: with few rounds, orders seeded
+            // by round alone put a policy after the same neighbour at every size.
             let mut order: Vec<usize> = (0..policies.len()).collect();
-            order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(rep as u64));
+            order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(
+                ((index as u64) << 32) | rep as u64,
+            ));
             for i in order {
+                std::thread::sleep(std::time::Duration::from_millis(args.settle));
                 let (name, policy) = &policies[i];
                 bar.set_message(format!(
                     "{} {name} (run {}/{})",

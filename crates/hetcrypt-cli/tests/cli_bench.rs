@@ -9,8 +9,8 @@ use cli_support::{fails, kernel_available, ok};
 
 /// A run small enough for CI: few files, two sizes, one rep (tests of the summary
 /// raise the reps).
-const TINY: [&str; 8] = [
-    "bench", "--files", "12", "--sizes", "8,1k", "--reps", "1", "-q",
+const TINY: [&str; 10] = [
+    "bench", "--files", "12", "--sizes", "8,1k", "--reps", "1", "-q", "--settle", "0",
 ];
 
 fn tiny(extra: &[&str]) -> Vec<String> {
@@ -168,7 +168,8 @@ fn out_dir_gets_markdown_json_and_charts() {
 
     // A second run replaces the first as a whole; nothing else is left beside it.
     ok(&[
-        "bench", "--files", "3", "--sizes", "16", "--reps", "1", "-q", "--out", out_s,
+        "bench", "--files", "3", "--sizes", "16", "--reps", "1", "-q", "--settle", "0", "--out",
+        out_s,
     ]);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
@@ -188,6 +189,8 @@ fn input_dir_groups_files_by_length() {
         dir.path().to_str().unwrap(),
         "--reps",
         "1",
+        "--settle",
+        "0",
         "--json",
         "-q",
         "--decrypt",
@@ -229,7 +232,7 @@ fn bad_input_fails_with_one_sentence_and_writes_nothing() {
         ),
         (vec!["--out", a_file.to_str().unwrap()], "not a directory"),
     ] {
-        let mut full = vec!["bench", "--reps", "1", "-q"];
+        let mut full = vec!["bench", "--reps", "1", "-q", "--settle", "0"];
         full.extend(args.iter().copied());
         for (flag, value) in [("--files", "4"), ("--sizes", "16"), ("--out", out_s)] {
             if !args.contains(&flag) {
