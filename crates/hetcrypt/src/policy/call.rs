@@ -105,6 +105,11 @@ const BURST: u32 = 8;
 const WAIT_FACTOR: u64 = 2;
 /// Full load in [`CallRouter::set_busy`]'s unit (per mille of all CPUs' time busy).
 pub const FULL_LOAD: u32 = 1000;
+/// However busy the CPUs, a module call counts at least 1/MAX_LOAD_CREDIT of its wall
+/// time: its caller still waits for it, and a caller whose calls come one after
+/// another (a single nginx worker) waits for each in turn, so a module several times
+/// slower than in-line must not win just because the CPU it leaves is busy.
+const MAX_LOAD_CREDIT: u64 = 2;
 
 thread_local! {
     /// Per-thread call count for sampling: no shared counter on the hot path.
@@ -208,7 +213,8 @@ impl CallRouter {
     }
 
     /// What a module call at `e` costs the machine: its wall time on an idle machine,
-    /// falling towards the caller's CPU time per call as the CPUs get busy.
+    /// falling towards the caller's CPU time per call as the CPUs get busy, but not
+    /// below 1/[`MAX_LOAD_CREDIT`] of the wall time.
     fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
         let cpu = e.module_cpu.load(Ordering::Relaxed);
         if wall == 0 || cpu == 0 {
@@ -216,7 +222,9 @@ impl CallRouter {
         }
         let freed = wall.saturating_sub(cpu);
         let busy = u64::from(self.busy.load(Ordering::Relaxed));
-        (wall - freed * busy / u64::from(FULL_LOAD)).max(1)
+        (wall - freed * busy / u64::from(FULL_LOAD))
+            .max(wall / MAX_LOAD_CREDIT)
+            .max(1)
     }
 
     /// The mode.
@@ -430,6 +438,13 @@ mod tests {
         // go below what was reported).
         r.set_busy(10 * FULL_LOAD);
         assert_eq!(r.busy(), FULL_LOAD);
+        // A module several times slower in wall time stays out however busy the CPUs
+        // (a lone caller would wait for every call): 1.5 ms on the module, 0.1 ms of
+        // it CPU, against 0.6 ms in-line.
+        r.observe_cpu(site(4096), 600_000);
+        r.observe_module(site(4096), 1_500_000);
+        r.observe_module_cpu(site(4096), 100_000);
+        assert!(module_share(&r, 4096, 1024) <= 1024 / 8);
         r.observe_module_cpu(site(16384), 1_950_000);
         assert!(module_share(&r, 16384, 1024) <= checks);
     }
