@@ -715,7 +715,10 @@ fn run<S: FileStream>(
                     });
                 }
                 plan::Entry::Dir(dir) => match io::make_dir(&dir.dest) {
-                    Ok(true) => made_dirs.push(dir),
+                    Ok(true) => {
+                        plan.made(&dir.dest);
+                        made_dirs.push(dir);
+                    }
                     Ok(false) => {}
                     Err(e) => {
                         let note = Note {
