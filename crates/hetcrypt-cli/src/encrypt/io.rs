@@ -151,36 +151,63 @@ fn test_truncate_while_reading(f: &File, path: &Path) {
     }
 }
 
+impl Input {
+    /// One read of a file by `read` (plain or vectored, asking for `want` bytes), its
+    /// errors worded, the file closed and checked for changes at its end.
+    fn read_file_with(
+        &mut self,
+        want: usize,
+        read: impl FnOnce(&mut File) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        let Input::File {
+            file,
+            path,
+            opened,
+            read: so_far,
+        } = self
+        else {
+            unreachable!("called for files only");
+        };
+        let Some(f) = file else { return Ok(0) };
+        let n = read(f).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot read {}: {e}", super::plan::show(path)),
+            )
+        })?;
+        if *so_far == 0 && n > 0 {
+            test_truncate_while_reading(f, path);
+        }
+        *so_far += n as u64;
+        if n == 0 && want > 0 {
+            if let Some(e) = changed(f, path, *opened, *so_far) {
+                return Err(e);
+            }
+            *file = None;
+        }
+        Ok(n)
+    }
+}
+
 impl Read for Input {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Input::File {
-                file,
-                path,
-                opened,
-                read,
-            } => {
-                let Some(f) = file else { return Ok(0) };
-                let n = f.read(buf).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot read {}: {e}", super::plan::show(path)),
-                    )
-                })?;
-                if *read == 0 && n > 0 {
-                    test_truncate_while_reading(f, path);
-                }
-                *read += n as u64;
-                if n == 0 && !buf.is_empty() {
-                    if let Some(e) = changed(f, path, *opened, *read) {
-                        return Err(e);
-                    }
-                    *file = None;
-                }
-                Ok(n)
-            }
+            Input::File { .. } => self.read_file_with(buf.len(), |f| f.read(buf)),
             Input::Stdin(s) => s
                 .read(buf)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot read standard input: {e}"))),
+        }
+    }
+
+    /// A file is read into all of `bufs` by one `readv` (several chunks per call).
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Input::File { .. } => {
+                let want = bufs.iter().map(|b| b.len()).sum();
+                self.read_file_with(want, |f| f.read_vectored(bufs))
+            }
+            Input::Stdin(s) => s
+                .read_vectored(bufs)
                 .map_err(|e| io::Error::new(e.kind(), format!("cannot read standard input: {e}"))),
         }
     }
