@@ -78,7 +78,7 @@ impl<'a> Awkward<'a> {
     /// How much the next call may give, or its error.
     fn allowance(&mut self) -> io::Result<usize> {
         self.calls += 1;
-        if self.calls % 3 == 0 {
+        if self.calls.is_multiple_of(3) {
             return Err(io::Error::from(ErrorKind::Interrupted));
         }
         match self.fail_at {
