@@ -207,7 +207,14 @@ impl<R: Read> ChunkReader<R> {
         let kept = if self.ended { full + 1 } else { full };
         let mut unused = pieces.split_off(kept);
         if self.ended {
-            pieces[full].truncate(part);
+            if part == 0 {
+                // An empty last piece needs no memory: its buffer goes back whole, so
+                // the next read into it need not zero it again (16 KiB per file of a
+                // tree of 16 KiB files).
+                unused.push(std::mem::take(&mut pieces[full]));
+            } else {
+                pieces[full].truncate(part);
+            }
         }
         buffers.append(&mut unused);
         self.ahead.extend(pieces);
