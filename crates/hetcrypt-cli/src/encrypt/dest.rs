@@ -233,7 +233,13 @@ pub fn sync_file_systems<'a>(
 ) -> Vec<(&'a DirFd, io::Error)> {
     let mut seen = BTreeSet::new();
     let mut failed = Vec::new();
+    let mut last: Option<&Arc<OwnedFd>> = None;
     for dir in dirs {
+        // Outputs of one directory share its descriptor: one `fstat` for them all.
+        if last.is_some_and(|l| Arc::ptr_eq(l, &dir.fd)) {
+            continue;
+        }
+        last = Some(&dir.fd);
         match device(dir) {
             Ok(dev) if !seen.insert(dev) => continue,
             Ok(_) => {}
