@@ -376,11 +376,13 @@ impl<R: Read, W: Write> Stream for EncryptStream<R, W> {
             .keys
             .as_ref()
             .expect("a job was handed out, so keys exist");
-        let mut data = keys.seal_finish(self.next_out, output)?;
+        let data = keys.seal_finish(self.next_out, output)?;
         self.writer.write_all(&data)?;
         self.output_bytes += data.len() as u64;
         self.next_out += 1;
-        data.clear();
+        // Not cleared: every engine replaces a spare's contents (`run_reusing`), and
+        // one that keeps its length is zeroed only where it grows (clearing it cost a
+        // memset of every output byte, 2.6% of a 1 GiB run).
         spare.push(JobOutput { data, tag: None });
         Ok(())
     }
@@ -620,11 +622,11 @@ impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
             .as_ref()
             .expect("a job was handed out, so keys exist");
         let last = self.last == Some(self.next_out);
-        let mut data = keys.open_finish(self.next_out, output, last)?;
+        let data = keys.open_finish(self.next_out, output, last)?;
         self.writer.write_all(&data)?;
         self.plaintext_bytes += data.len() as u64;
         self.next_out += 1;
-        data.clear();
+        // Not cleared, as in `EncryptStream::accept_reusing`.
         spare.push(JobOutput { data, tag: None });
         Ok(())
     }
