@@ -507,12 +507,12 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
         Way::Encrypt,
         &key,
         Some(aead),
-        |input, output, _, tree| {
+        |input, output, size, tree| {
             let params = match tree {
                 Some((path, _)) => SealParams::new(aead).tree_path(path),
                 None => SealParams::new(aead),
             };
-            EncryptStream::new(input, output, &key, params)
+            EncryptStream::new(input, output, &key, params).read_ahead(read_ahead(size))
         },
     )
 }
@@ -526,7 +526,8 @@ pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
         &key,
         None,
         |input, output, size, tree| {
-            let mut stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt);
+            let mut stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt)
+                .read_ahead(read_ahead(size));
             if let Some(len) = size {
                 stream = stream.with_input_len(len);
             }
@@ -536,6 +537,18 @@ pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
             stream
         },
     )
+}
+
+/// Chunks read per system call from an input of `size` bytes (a file): enough for
+/// the whole file and the read that finds its end, up to the format's most, so a small
+/// file borrows no more chunk buffers than it fills. Standard input (no size) is read
+/// a chunk at a time: a pipe whose writer pauses must not hold back the chunks it sent.
+fn read_ahead(size: Option<u64>) -> usize {
+    let Some(size) = size else { return 1 };
+    let chunks = size / hetcrypt_format::CHUNK_SIZE as u64 + 1;
+    usize::try_from(chunks)
+        .unwrap_or(usize::MAX)
+        .min(hetcrypt_format::stream::MAX_READ_AHEAD)
 }
 
 /// A file's place in its tree: its path, and (decrypting) the commitment the tree's
@@ -715,7 +728,10 @@ fn run<S: FileStream>(
                     });
                 }
                 plan::Entry::Dir(dir) => match io::make_dir(&dir.dest) {
-                    Ok(true) => made_dirs.push(dir),
+                    Ok(true) => {
+                        plan.made(&dir.dest);
+                        made_dirs.push(dir);
+                    }
                     Ok(false) => {}
                     Err(e) => {
                         let note = Note {

@@ -413,7 +413,8 @@ impl<'p> Pipeline<'p> {
                     observer.batch(&result.report);
                     flight.accept(&batch.owners, result.outputs, &mut spare);
                     for job in batch.jobs {
-                        if flight.inputs.len() < window {
+                        // An empty last chunk may own no memory: nothing to reuse.
+                        if flight.inputs.len() < window && job.input.capacity() > 0 {
                             flight.inputs.push(job.input);
                         }
                     }

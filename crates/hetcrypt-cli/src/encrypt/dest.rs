@@ -233,7 +233,13 @@ pub fn sync_file_systems<'a>(
 ) -> Vec<(&'a DirFd, io::Error)> {
     let mut seen = BTreeSet::new();
     let mut failed = Vec::new();
+    let mut last: Option<&Arc<OwnedFd>> = None;
     for dir in dirs {
+        // Outputs of one directory share its descriptor: one `fstat` for them all.
+        if last.is_some_and(|l| Arc::ptr_eq(l, &dir.fd)) {
+            continue;
+        }
+        last = Some(&dir.fd);
         match device(dir) {
             Ok(dev) if !seen.insert(dev) => continue,
             Ok(_) => {}
@@ -297,9 +303,22 @@ pub fn remove_temporaries_on_signals() -> io::Result<()> {
     Ok(())
 }
 
+/// The directory swept last: consecutive outputs share their directory's descriptor
+/// (see `open_output_dir`), so most need no `fstat` to know theirs was swept.
+static LAST_SWEPT: Mutex<Option<Arc<OwnedFd>>> = Mutex::new(None);
+
 /// Removes the named temporaries of earlier runs whose process is gone, once per
 /// directory per run; says so on stderr.
 fn sweep_leftovers(dir: &DirFd) {
+    {
+        let mut last = LAST_SWEPT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &dir.fd)) {
+            return;
+        }
+        *last = Some(dir.fd.clone());
+    }
     let Ok(st) = rustix::fs::fstat(&*dir.fd) else {
         return;
     };
@@ -434,12 +453,13 @@ impl Temp {
     }
 
     /// Gets the content ready to be named: permission bits `mode`, and a length of
-    /// `end` bytes (a hole at the end, zeros skipped, is part of the file too).
-    pub fn prepare(&self, mode: Option<u32>, end: u64) -> io::Result<()> {
+    /// `end` bytes, of which the first `written_end` were written (a hole at the end,
+    /// zeros skipped, is part of the file too).
+    pub fn prepare(&self, mode: Option<u32>, end: u64, written_end: u64) -> io::Result<()> {
         if let Some(mode) = mode {
             rustix::fs::fchmod(&*self.file, Mode::from_raw_mode(mode))?;
         }
-        if self.file.metadata()?.len() < end {
+        if written_end < end {
             self.file.set_len(end)?;
         }
         Ok(())
@@ -458,9 +478,15 @@ impl Temp {
     /// entry is durable once its file system is synced (at the end of the run).
     pub fn name(mut self, name: &OsStr, force: bool) -> io::Result<DirFd> {
         let dest = self.dir.path.join(name);
-        match rustix::fs::statat(&*self.dir.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+        // Without `force` the name is given by `linkat`, which never replaces one
+        // (EEXIST): only `force` needs to look first (a `statat` per file less).
+        let found = if force {
+            rustix::fs::statat(&*self.dir.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+        } else {
+            Err(Errno::NOENT)
+        };
+        match found {
             Ok(st) => match FileType::from_raw_mode(st.st_mode) {
-                _ if !force => return Err(exists(&dest)),
                 FileType::RegularFile => {}
                 FileType::Symlink => {
                     return Err(io::Error::other(format!(

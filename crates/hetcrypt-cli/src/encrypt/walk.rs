@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
 
-/// What an entry is, from the listing (or `lstat` where the file system does not say).
+/// What an entry is, from the listing's type (or `lstat` where the file system does not
+/// say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// A directory (its mode is in [`Item::Dir`]).
@@ -28,7 +29,8 @@ pub enum Kind {
     Other,
 }
 
-/// A non-directory entry's identity and size, from `lstat` at listing time.
+/// A non-directory entry's identity and size, from `lstat` at listing time (only where
+/// the listing gave no type: see [`list`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Meta {
     /// Device.
@@ -48,7 +50,7 @@ pub enum Item {
     Entry {
         rel: PathBuf,
         kind: Kind,
-        meta: Meta,
+        meta: Option<Meta>,
     },
     /// A directory that could not be opened or listed (its contents are left out).
     Error { rel: PathBuf, error: io::Error },
@@ -57,7 +59,7 @@ pub enum Item {
 /// A directory listed and not yet fully walked.
 struct Level {
     rel: PathBuf,
-    entries: std::vec::IntoIter<(OsString, Kind, Meta)>,
+    entries: std::vec::IntoIter<(OsString, Kind, Option<Meta>)>,
 }
 
 /// A walk of the tree under `root`.
@@ -82,10 +84,13 @@ pub fn open_beneath(root: &Path, rel: &Path) -> io::Result<OwnedFd> {
     Ok(dir)
 }
 
-/// Lists an open directory, sorted by name, with each entry's kind and identity
-/// (`lstat`: the entry itself, never a link's target). An entry gone between the
+/// Lists an open directory, sorted by name, with each entry's kind: from the listing
+/// itself (`d_type`, which tmpfs, ext4, xfs and btrfs fill in), else from `lstat`, the
+/// entry itself, never a link's target (its identity and size come with it then). The
+/// kind only routes the entry: a file is typed again by the descriptor it is opened
+/// with. An `lstat` per entry was 5% of a 4,000-file run. An entry gone between the
 /// listing and its `lstat` is left out, as if listed a moment later.
-fn list(dir: &OwnedFd) -> io::Result<Vec<(OsString, Kind, Meta)>> {
+fn list(dir: &OwnedFd) -> io::Result<Vec<(OsString, Kind, Option<Meta>)>> {
     use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
@@ -94,26 +99,39 @@ fn list(dir: &OwnedFd) -> io::Result<Vec<(OsString, Kind, Meta)>> {
         if name == b"." || name == b".." {
             continue;
         }
-        let st = match rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        let kind = match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => Kind::Dir,
-            FileType::RegularFile => Kind::File,
-            FileType::Symlink => Kind::Link,
-            _ => Kind::Other,
-        };
-        let meta = Meta {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: u64::try_from(st.st_size).unwrap_or(0),
+        let (kind, meta) = match kind_of(entry.file_type()) {
+            Some(kind) => (kind, None),
+            None => {
+                let st = match rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                {
+                    Ok(st) => st,
+                    Err(rustix::io::Errno::NOENT) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                let meta = Meta {
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                    size: u64::try_from(st.st_size).unwrap_or(0),
+                };
+                let kind = kind_of(FileType::from_raw_mode(st.st_mode)).unwrap_or(Kind::Other);
+                (kind, Some(meta))
+            }
         };
         out.push((std::ffi::OsStr::from_bytes(name).to_os_string(), kind, meta));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
+}
+
+/// The kind of a file type; `None` when unknown (a listing without `d_type`).
+fn kind_of(t: FileType) -> Option<Kind> {
+    match t {
+        FileType::Directory => Some(Kind::Dir),
+        FileType::RegularFile => Some(Kind::File),
+        FileType::Symlink => Some(Kind::Link),
+        FileType::Unknown => None,
+        _ => Some(Kind::Other),
+    }
 }
 
 impl Walk {
