@@ -707,10 +707,9 @@ struct LaneEnd {
 /// Where a lane leaves its results.
 enum Sink<'s> {
     /// The batch's own output slots, one per job in job order: the lane runs in-line,
-    /// alone. Each slot holds a spare buffer (the caller's previous outputs); after a
-    /// pull the lane swaps each output into its job's slot and takes the spare for a
-    /// job of its next pull (one swap per job, no allocation once buffers circulate).
-    /// What the lane records per pull is the run of jobs it did, not a result per job.
+    /// alone. Each slot holds a spare buffer (the caller's previous outputs) that the
+    /// lane swaps in before a pull and back, with its result, after; what the lane
+    /// records per pull is the run of jobs it did, not a result per job.
     Slots {
         outputs: &'s mut [Result<JobOutput>],
         /// The runs of jobs whose slot holds their result, in the order they ran.
@@ -735,6 +734,19 @@ impl Sink<'_> {
         }
     }
 
+    /// Before a pull: gives `outs[k]` the spare buffer in job `picked[k]`'s slot.
+    fn lend(&mut self, picked: &[usize], outs: &mut [JobOutput]) {
+        if let Sink::Slots { outputs, .. } = self {
+            for (out, &j) in outs.iter_mut().zip(picked) {
+                match &mut outputs[j] {
+                    Ok(spare) => std::mem::swap(out, spare),
+                    // A previous batch's error: no buffer to lend.
+                    slot => *slot = Ok(JobOutput::default()),
+                }
+            }
+        }
+    }
+
     /// Keeps the results of one pull: job `picked[k]` ended with `results[k]` and its
     /// output in `outs[k]`; the jobs of `in_hand` have no result (their engine failed:
     /// they run elsewhere). Leaves `results` all `Ok`.
@@ -750,12 +762,12 @@ impl Sink<'_> {
             Sink::Slots { outputs, done } => {
                 for (k, &j) in picked.iter().enumerate() {
                     match std::mem::replace(&mut results[k], Ok(())) {
-                        // The output goes to the slot, and the slot's spare buffer
-                        // to the lane, for a job of its next pull.
-                        Ok(()) => match &mut outputs[j] {
-                            Ok(slot) => std::mem::swap(slot, &mut outs[k]),
-                            slot => *slot = Ok(std::mem::take(&mut outs[k])),
-                        },
+                        // The buffer goes back to the slot, with the output in it.
+                        Ok(()) => {
+                            if let Ok(slot) = &mut outputs[j] {
+                                std::mem::swap(slot, &mut outs[k]);
+                            }
+                        }
                         // The lane keeps the buffer for its next pull.
                         Err(e) => outputs[j] = Err(e),
                     }
@@ -1110,8 +1122,7 @@ impl Shared<'_> {
         let lane_start = Instant::now();
         let mut picked: Vec<usize> = Vec::with_capacity(cap);
         let mut outs: Vec<JobOutput> = vec![JobOutput::default(); cap];
-        // Spare output buffers this lane took from the shared pool (a lane thread's;
-        // the in-line lane takes its spares from the slots).
+        // Spare output buffers this lane took from the shared pool.
         let mut spare: Vec<JobOutput> = Vec::new();
         let mut spare_left = matches!(sink, Sink::List { .. });
         let mut results: Vec<Result<()>> = (0..cap).map(|_| Ok(())).collect();
@@ -1144,8 +1155,13 @@ impl Shared<'_> {
             }
             refs.clear();
             refs.extend(picked.iter().map(|&j| &self.jobs[j]));
-            if spare_left {
-                spare_left = self.fill_spares(&mut outs[..n], &mut spare);
+            match &mut sink {
+                Sink::Slots { .. } => sink.lend(&picked, &mut outs[..n]),
+                Sink::List { .. } => {
+                    if spare_left {
+                        spare_left = self.fill_spares(&mut outs[..n], &mut spare);
+                    }
+                }
             }
             let started = per_pull.then(Instant::now);
             let cpu_before = if timing {
