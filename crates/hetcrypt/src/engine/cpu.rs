@@ -553,7 +553,7 @@ impl CpuLane {
                 for &k in group {
                     outs[k].data.clear();
                     outs[k].tag = None;
-                    results[k] = Err(copy_error(&e));
+                    results[k] = Err(copy_error_for(&e, jobs[k].cipher));
                 }
                 return;
             }
@@ -609,7 +609,7 @@ impl CpuLane {
             Err(e) => {
                 // Every job of the group shares the key and so the error.
                 for &k in group {
-                    results[k] = Err(copy_error(&e));
+                    results[k] = Err(copy_error_for(&e, jobs[k].cipher));
                 }
                 return;
             }
@@ -710,6 +710,19 @@ fn most_recent<K: PartialEq, V>(
         }
     }
     Ok(&mut list[0].1)
+}
+
+/// [`copy_error`] for one job of a group that shares a key: a key length error names
+/// that job's cipher (a group may mix CBC with and without padding under one key).
+fn copy_error_for(e: &Error, cipher: Cipher) -> Error {
+    match copy_error(e) {
+        Error::KeyLength { expected, got, .. } => Error::KeyLength {
+            cipher,
+            expected,
+            got,
+        },
+        other => other,
+    }
 }
 
 /// An error copied for each job it concerns (errors are not `Clone`): a key lookup's
