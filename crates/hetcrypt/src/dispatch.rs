@@ -360,6 +360,7 @@ impl Dispatcher {
                 start_deferred: false,
             }),
             wake: Condvar::new(),
+            alone: inline,
             retry_len: AtomicUsize::new(0),
             redispatched: AtomicUsize::new(0),
         };
@@ -683,7 +684,12 @@ struct Shared<'a> {
     /// Per engine: why it failed in this batch.
     reasons: Mutex<Vec<Option<String>>>,
     coord: Mutex<Coord>,
+    /// Where lanes (and the batch's thread, while lanes are deferred) wait; woken
+    /// through [`Shared::wake_all`].
     wake: Condvar,
+    /// The batch runs on one thread, the in-line lane's: nobody ever waits on
+    /// `wake`, so nothing is woken (a wake-up is a system call, several per batch).
+    alone: bool,
     /// Length of `coord.retry`, readable without the lock on the hot path.
     retry_len: AtomicUsize,
     redispatched: AtomicUsize,
@@ -920,6 +926,13 @@ fn in_job_order(
 }
 
 impl Shared<'_> {
+    /// Wakes every thread waiting on `wake`, unless the batch has no other thread.
+    fn wake_all(&self) {
+        if !self.alone {
+            self.wake.notify_all();
+        }
+    }
+
     /// The engines still able to run job `job`.
     fn alive_engines(&self, job: usize) -> EngineMask {
         let mut mask = self.metas[job].engines;
@@ -943,7 +956,7 @@ impl Shared<'_> {
     fn completed(&self, n: usize) {
         if n > 0 && self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
             lock(&self.coord).done = true;
-            self.wake.notify_all();
+            self.wake_all();
         }
     }
 
@@ -968,7 +981,7 @@ impl Shared<'_> {
             coord.start_deferred = true;
             coord.running += self.deferred;
             drop(coord);
-            self.wake.notify_all();
+            self.wake_all();
         }
     }
 
@@ -1011,7 +1024,7 @@ impl Shared<'_> {
             });
             self.retry_len.store(coord.retry.len(), Ordering::Release);
         }
-        self.wake.notify_all();
+        self.wake_all();
         for j in orphans {
             self.finish(
                 j,
@@ -1049,7 +1062,7 @@ impl Shared<'_> {
         coord.running -= 1;
         loop {
             if coord.done || self.quarantined[engine].load(Ordering::Acquire) {
-                self.wake.notify_all();
+                self.wake_all();
                 return false;
             }
             self.take_retry(&mut coord, engine, max, out);
@@ -1061,7 +1074,7 @@ impl Shared<'_> {
                 // Nobody is working and nothing is waiting: whatever has no result now
                 // was given to no lane; the batch is over.
                 coord.done = true;
-                self.wake.notify_all();
+                self.wake_all();
                 return false;
             }
             coord = self.wake.wait(coord).unwrap_or_else(|e| e.into_inner());
@@ -1079,8 +1092,9 @@ impl Shared<'_> {
         at_start: bool,
         mut sink: Sink<'_>,
     ) -> LaneEnd {
-        // First thing, before anything that could panic and leave the others waiting.
-        if at_start {
+        // First thing, before anything that could panic and leave the others waiting
+        // (alone, there are no others: the barrier's wake-up is a system call).
+        if at_start && !self.alone {
             self.start.wait();
         }
         let cpu_start = thread_cpu_time();
@@ -1239,7 +1253,7 @@ impl Shared<'_> {
             coord.done = true;
         }
         drop(coord);
-        self.wake.notify_all();
+        self.wake_all();
     }
 }
 
