@@ -187,7 +187,10 @@ impl Dispatcher {
     ///
     /// Fresh output memory is not free: on our VM first-touching it cost more than
     /// encrypting it with multi-buffer CBC (docs/performance.md), and the allocator
-    /// hands freed outputs back to the kernel between batches.
+    /// hands freed outputs back to the kernel between batches. The vector of results
+    /// is still new on every call (a 16-byte job's result takes more room than its
+    /// output): a caller that runs batch after batch should prefer
+    /// [`Dispatcher::run_into`], which keeps that vector too.
     pub fn run_reusing(
         &self,
         jobs: &[Job],
