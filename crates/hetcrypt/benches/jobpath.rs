@@ -5,8 +5,9 @@
 //! `openssl speed -evp` times, in-process so no subprocess noise), one `cpu` lane
 //! running one job at a time (`Lane::run`), the same lane given batches
 //! (`Lane::run_batch`, the engine's batch width), and a dispatcher with one `cpu`
-//! lane under `only:cpu` reusing its outputs (what `hetcrypt speed` times, plus the
-//! batch's planning and ordering on the caller). Throughput is in bytes of input per
+//! lane under `only:cpu` writing into the previous batch's outputs (`run_into`, what
+//! `hetcrypt speed` times: the whole call, the batch's planning and ordering on the
+//! caller's thread included). Throughput is in bytes of input per
 //! second of process CPU time (this host is shared: a waiting process loses wall time,
 //! not CPU time); the ratio columns are each path over the EVP loop, median of the
 //! per-round ratios. The EVP loop pays rust-openssl's checks per call, so at 16 B it
@@ -214,7 +215,7 @@ fn main() {
             let mut out = JobOutput::default();
             let mut outs = vec![JobOutput::default(); width];
             let mut results: Vec<hetcrypt::Result<()>> = (0..width).map(|_| Ok(())).collect();
-            let mut spare: Vec<JobOutput> = Vec::new();
+            let mut outputs: Vec<hetcrypt::Result<JobOutput>> = Vec::new();
             let (mut e, mut r, mut b, mut d) = (vec![], vec![], vec![], vec![]);
             let mut next = 0usize;
             for round in 0..opts.rounds {
@@ -244,13 +245,12 @@ fn main() {
                     // The batch's CPU time: the lane thread's, and the caller's
                     // planning and putting outputs in job order.
                     let before = cpu_now();
-                    let result = dispatcher
-                        .run_reusing(&djobs, &policy, std::mem::take(&mut spare))
+                    let report = dispatcher
+                        .run_into(&djobs, &policy, &mut outputs)
                         .expect("batch runs");
                     let cpu = cpu_now() - before;
-                    dbytes += result.report.bytes;
+                    dbytes += report.bytes;
                     dcpu += cpu;
-                    spare = result.outputs.into_iter().filter_map(Result::ok).collect();
                 }
                 e.push(base);
                 r.push(ours_run);

@@ -2,6 +2,7 @@
 //! a failed engine to the others, and reports what happened.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Barrier, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -186,13 +187,35 @@ impl Dispatcher {
     ///
     /// Fresh output memory is not free: on our VM first-touching it cost more than
     /// encrypting it with multi-buffer CBC (docs/performance.md), and the allocator
-    /// hands freed outputs back to the kernel between batches.
+    /// hands freed outputs back to the kernel between batches. The vector of results
+    /// is still new on every call (a 16-byte job's result takes more room than its
+    /// output): a caller that runs batch after batch should prefer
+    /// [`Dispatcher::run_into`], which keeps that vector too.
     pub fn run_reusing(
         &self,
         jobs: &[Job],
         policy: &dyn Policy,
         spare: Vec<JobOutput>,
     ) -> Result<BatchResult> {
+        let mut outputs: Vec<Result<JobOutput>> = spare.into_iter().map(Ok).collect();
+        let report = self.run_into(jobs, policy, &mut outputs)?;
+        Ok(BatchResult { outputs, report })
+    }
+
+    /// Like [`Dispatcher::run_reusing`], with the whole output vector reused: on entry
+    /// `outputs` holds whatever the caller is done with (typically the previous batch's
+    /// outputs, errors included), whose buffers are written into as spares; on return
+    /// it holds this batch's outputs, one per job, in job order. Nothing per job is
+    /// allocated when it holds a buffer per job, and the vector itself is kept: a
+    /// fresh vector of results is first-touched memory too (at 16-byte jobs, more
+    /// than the jobs' own outputs). If the call fails (the policy cannot plan the
+    /// batch), `outputs` is left as it was.
+    pub fn run_into(
+        &self,
+        jobs: &[Job],
+        policy: &dyn Policy,
+        outputs: &mut Vec<Result<JobOutput>>,
+    ) -> Result<Report> {
         let _batch = self.batch_gate.read().unwrap_or_else(|e| e.into_inner());
         let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
         // Which engines support each (cipher, direction), and up to what job size,
@@ -297,6 +320,23 @@ impl Dispatcher {
             deferred.clear();
         }
         let initial = lane_metas.len() - deferred.len();
+        // One lane and nothing deferred (`only:cpu` on one lane, a provider call): it
+        // runs on this thread (a thread's start and join cost tens of microseconds,
+        // more than a batch of a few small jobs) and writes its outputs straight into
+        // the batch's slots, the caller's spares first.
+        let inline = match (&lane_metas[..], deferred.is_empty()) {
+            ([only], true) => self.engines[only.engine].runs_on_any_thread(),
+            _ => false,
+        };
+        // Runs of jobs the in-line lane left their result in `outputs` for.
+        let mut in_place: Vec<Range<usize>> = Vec::new();
+        let spare = if inline {
+            outputs.truncate(jobs.len());
+            outputs.resize_with(jobs.len(), || Ok(JobOutput::default()));
+            Vec::new()
+        } else {
+            outputs.drain(..).filter_map(Result::ok).collect()
+        };
 
         let widths: Vec<Vec<usize>> = support.iter().map(|s| s.widths.clone()).collect();
         let shared = Shared {
@@ -323,6 +363,7 @@ impl Dispatcher {
                 start_deferred: false,
             }),
             wake: Condvar::new(),
+            alone: inline,
             retry_len: AtomicUsize::new(0),
             redispatched: AtomicUsize::new(0),
         };
@@ -359,21 +400,27 @@ impl Dispatcher {
                     let _exit = LaneExit(shared);
                     (
                         lane_idx,
-                        shared.lane_loop(lane_idx, meta, engine, opened, at_start),
+                        shared.lane_loop(
+                            lane_idx,
+                            meta,
+                            engine,
+                            opened,
+                            at_start,
+                            Sink::list(jobs.len(), initial),
+                        ),
                     )
                 })
             };
             let mut ends: Vec<Option<LaneEnd>> = (0..lane_metas.len()).map(|_| None).collect();
-            // One lane and nothing deferred (`only:cpu` on one lane, a provider call):
-            // run it on this thread. A thread's start and join cost tens of
-            // microseconds, more than a batch of a few small jobs.
-            if let ([only], true) = (&lane_metas[..], deferred.is_empty()) {
+            if let ([only], true) = (&lane_metas[..], inline) {
                 let engine = &self.engines[only.engine];
-                if engine.runs_on_any_thread() {
-                    let _exit = LaneExit(shared);
-                    ends[0] = Some(shared.lane_loop(0, *only, engine, cached[0].take(), true));
-                    return ends;
-                }
+                let _exit = LaneExit(shared);
+                let sink = Sink::Slots {
+                    outputs: &mut outputs[..],
+                    done: &mut in_place,
+                };
+                ends[0] = Some(shared.lane_loop(0, *only, engine, cached[0].take(), true, sink));
+                return ends;
             }
             let mut handles: Vec<_> = (0..lane_metas.len())
                 .filter(|l| !deferred.contains(l))
@@ -434,7 +481,7 @@ impl Dispatcher {
             opened.push(end.lane);
             lists.push((end.done, end.ascending));
         }
-        let (outputs, duplicates) = in_job_order(jobs.len(), lists, |j| {
+        let missing = |j: usize| {
             // A policy that keeps jobs to some engines (`only:<engine>`) has no lane
             // for a job above those engines' size limit: say so.
             let job = &jobs[j];
@@ -447,7 +494,13 @@ impl Dispatcher {
                 policy: policy.name(),
                 reason: format!("no lane was given this {} job", metas[j].cipher),
             }))
-        });
+        };
+        let duplicates = if inline {
+            let lists = lists.into_iter().map(|(list, _)| list).collect();
+            fill_gaps(outputs, in_place, lists, missing)
+        } else {
+            in_job_order(outputs, jobs.len(), lists, missing)
+        };
         debug_assert_eq!(duplicates, 0, "a job was completed twice");
 
         // Record new failures; keep the lanes of engines that still work.
@@ -503,7 +556,7 @@ impl Dispatcher {
             redispatched: redispatched.into_inner(),
             job_errors,
         };
-        Ok(BatchResult { outputs, report })
+        Ok(report)
     }
 }
 
@@ -634,7 +687,12 @@ struct Shared<'a> {
     /// Per engine: why it failed in this batch.
     reasons: Mutex<Vec<Option<String>>>,
     coord: Mutex<Coord>,
+    /// Where lanes (and the batch's thread, while lanes are deferred) wait; woken
+    /// through [`Shared::wake_all`].
     wake: Condvar,
+    /// The batch runs on one thread, the in-line lane's: nobody ever waits on
+    /// `wake`, so nothing is woken (a wake-up is a system call, several per batch).
+    alone: bool,
     /// Length of `coord.retry`, readable without the lock on the hot path.
     retry_len: AtomicUsize,
     redispatched: AtomicUsize,
@@ -655,18 +713,174 @@ struct LaneEnd {
     ascending: bool,
 }
 
-/// Per-job results from several lists of (job index, result) into one vector in job
-/// order; `missing` makes the result of a job no list has. Returns the vector and how
+/// Where a lane leaves its results.
+enum Sink<'s> {
+    /// The batch's own output slots, one per job in job order: the lane runs in-line,
+    /// alone. Each slot holds a spare buffer (the caller's previous outputs) that the
+    /// lane swaps in before a pull and back, with its result, after; what the lane
+    /// records per pull is the run of jobs it did, not a result per job.
+    Slots {
+        outputs: &'s mut [Result<JobOutput>],
+        /// The runs of jobs whose slot holds their result, in the order they ran.
+        done: &'s mut Vec<Range<usize>>,
+    },
+    /// A lane thread's own list of (job, result), merged in job order after the join.
+    List {
+        done: ResultList,
+        /// Whether `done` is in job order so far.
+        ascending: bool,
+    },
+}
+
+impl Sink<'_> {
+    /// A list with room for an even share of the batch among `lanes`, so a lane
+    /// rarely grows it.
+    fn list(jobs: usize, lanes: usize) -> Self {
+        let share = jobs / lanes.max(1) + MAX_PULL_SLACK;
+        Sink::List {
+            done: Vec::with_capacity(share.min(jobs)),
+            ascending: true,
+        }
+    }
+
+    /// Before a pull: gives `outs[k]` the spare buffer in job `picked[k]`'s slot.
+    fn lend(&mut self, picked: &[usize], outs: &mut [JobOutput]) {
+        if let Sink::Slots { outputs, .. } = self {
+            for (out, &j) in outs.iter_mut().zip(picked) {
+                match &mut outputs[j] {
+                    Ok(spare) => std::mem::swap(out, spare),
+                    // A previous batch's error: no buffer to lend.
+                    slot => *slot = Ok(JobOutput::default()),
+                }
+            }
+        }
+    }
+
+    /// Keeps the results of one pull: job `picked[k]` ended with `results[k]` and its
+    /// output in `outs[k]`; the jobs of `in_hand` have no result (their engine failed:
+    /// they run elsewhere). Leaves `results` all `Ok`.
+    fn keep(
+        &mut self,
+        picked: &[usize],
+        outs: &mut [JobOutput],
+        results: &mut [Result<()>],
+        in_hand: &[usize],
+    ) {
+        let handed_back = |j: usize| !in_hand.is_empty() && in_hand.contains(&j);
+        match self {
+            Sink::Slots { outputs, done } => {
+                for (k, &j) in picked.iter().enumerate() {
+                    match std::mem::replace(&mut results[k], Ok(())) {
+                        // The buffer goes back to the slot, with the output in it.
+                        Ok(()) => {
+                            if let Ok(slot) = &mut outputs[j] {
+                                std::mem::swap(slot, &mut outs[k]);
+                            }
+                        }
+                        // The lane keeps the buffer for its next pull.
+                        Err(e) => outputs[j] = Err(e),
+                    }
+                }
+                let mut add = |run: Range<usize>| match done.last_mut() {
+                    Some(last) if last.end == run.start => last.end = run.end,
+                    _ => done.push(run),
+                };
+                if in_hand.is_empty() && is_run(picked) {
+                    add(picked[0]..picked[0] + picked.len());
+                } else {
+                    for &j in picked.iter().filter(|&&j| !handed_back(j)) {
+                        add(j..j + 1);
+                    }
+                }
+            }
+            Sink::List { done, ascending } => {
+                for (k, &j) in picked.iter().enumerate() {
+                    let result = std::mem::replace(&mut results[k], Ok(()));
+                    if handed_back(j) {
+                        continue;
+                    }
+                    let out = std::mem::take(&mut outs[k]);
+                    *ascending &= done.last().is_none_or(|&(last, _)| last < j);
+                    done.push((j, result.map(|()| out)));
+                }
+            }
+        }
+    }
+
+    /// What the lane hands back at the end of the batch.
+    fn end(self, report: LaneReport, lane: Option<Box<dyn Lane>>) -> LaneEnd {
+        let (done, ascending) = match self {
+            Sink::Slots { .. } => (Vec::new(), true),
+            Sink::List { done, ascending } => (done, ascending),
+        };
+        LaneEnd {
+            report,
+            lane,
+            done,
+            ascending,
+        }
+    }
+}
+
+/// Completes the outputs of a batch whose lane ran in-line: the slots of the jobs in
+/// `done` hold their result already; every other slot takes its result from `lists`
+/// (jobs that ended outside the lane) or `missing`. Returns how many results were
+/// surplus (a job completed twice: a bug, counted, not kept). Costs per run of jobs
+/// and per job outside them, not per job the lane ran.
+fn fill_gaps(
+    outputs: &mut [Result<JobOutput>],
+    mut done: Vec<Range<usize>>,
+    lists: Vec<ResultList>,
+    mut missing: impl FnMut(usize) -> Result<JobOutput>,
+) -> usize {
+    done.sort_unstable_by_key(|r| r.start);
+    let mut others: ResultList = lists.into_iter().flatten().collect();
+    others.sort_by_key(|&(j, _)| j);
+    let mut others = others.into_iter().peekable();
+    let mut duplicates = 0;
+    let n = outputs.len();
+    let mut j = 0usize;
+    let mut fill_to = |end: usize, j: &mut usize, duplicates: &mut usize| {
+        while *j < end {
+            // Entries below `j` fell inside a run of the lane's: surplus.
+            while others.next_if(|&(i, _)| i < *j).is_some() {
+                *duplicates += 1;
+            }
+            outputs[*j] = match others.next_if(|&(i, _)| i == *j) {
+                Some((_, result)) => result,
+                None => missing(*j),
+            };
+            *j += 1;
+        }
+    };
+    for run in done {
+        duplicates += j.saturating_sub(run.start).min(run.len());
+        fill_to(run.start, &mut j, &mut duplicates);
+        j = j.max(run.end);
+    }
+    fill_to(n, &mut j, &mut duplicates);
+    duplicates + others.count()
+}
+
+/// Whether `jobs` are consecutive job indices, ascending.
+fn is_run(jobs: &[usize]) -> bool {
+    jobs.windows(2).all(|w| w[1] == w[0] + 1)
+}
+
+/// Per-job results from several lists of (job index, result) into `outputs` (cleared
+/// first), in job order; `missing` makes the result of a job no list has. Returns how
 /// many results were surplus (a job completed twice: a bug, counted, not kept).
 ///
 /// Lists in job order are merged in one pass — results move once, straight to their
 /// place — which is what every list is in the common case (each lane takes jobs in
 /// queue order); otherwise the results are scattered into slots first.
 fn in_job_order(
+    outputs: &mut Vec<Result<JobOutput>>,
     n: usize,
     lists: Vec<(ResultList, bool)>,
     mut missing: impl FnMut(usize) -> Result<JobOutput>,
-) -> (Vec<Result<JobOutput>>, usize) {
+) -> usize {
+    outputs.clear();
     let mut duplicates = 0;
     if !lists.iter().all(|(_, ascending)| *ascending) {
         let mut slots: Vec<Option<Result<JobOutput>>> = (0..n).map(|_| None).collect();
@@ -675,18 +889,19 @@ fn in_job_order(
                 duplicates += 1;
             }
         }
-        let outputs = slots
-            .into_iter()
-            .enumerate()
-            .map(|(j, slot)| slot.unwrap_or_else(|| missing(j)))
-            .collect();
-        return (outputs, duplicates);
+        outputs.extend(
+            slots
+                .into_iter()
+                .enumerate()
+                .map(|(j, slot)| slot.unwrap_or_else(|| missing(j))),
+        );
+        return duplicates;
     }
     let mut heads: Vec<_> = lists
         .into_iter()
         .map(|(list, _)| list.into_iter().peekable())
         .collect();
-    let mut outputs = Vec::with_capacity(n);
+    outputs.reserve(n);
     // The list that gave the last result: lanes take runs of consecutive jobs, so it
     // usually has the next one too.
     let mut current = 0;
@@ -710,11 +925,17 @@ fn in_job_order(
         }
         outputs.push(found.unwrap_or_else(|| missing(j)));
     }
-    duplicates += heads.iter_mut().map(|h| h.count()).sum::<usize>();
-    (outputs, duplicates)
+    duplicates + heads.iter_mut().map(|h| h.count()).sum::<usize>()
 }
 
 impl Shared<'_> {
+    /// Wakes every thread waiting on `wake`, unless the batch has no other thread.
+    fn wake_all(&self) {
+        if !self.alone {
+            self.wake.notify_all();
+        }
+    }
+
     /// The engines still able to run job `job`.
     fn alive_engines(&self, job: usize) -> EngineMask {
         let mut mask = self.metas[job].engines;
@@ -738,7 +959,7 @@ impl Shared<'_> {
     fn completed(&self, n: usize) {
         if n > 0 && self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
             lock(&self.coord).done = true;
-            self.wake.notify_all();
+            self.wake_all();
         }
     }
 
@@ -763,7 +984,7 @@ impl Shared<'_> {
             coord.start_deferred = true;
             coord.running += self.deferred;
             drop(coord);
-            self.wake.notify_all();
+            self.wake_all();
         }
     }
 
@@ -806,7 +1027,7 @@ impl Shared<'_> {
             });
             self.retry_len.store(coord.retry.len(), Ordering::Release);
         }
-        self.wake.notify_all();
+        self.wake_all();
         for j in orphans {
             self.finish(
                 j,
@@ -844,7 +1065,7 @@ impl Shared<'_> {
         coord.running -= 1;
         loop {
             if coord.done || self.quarantined[engine].load(Ordering::Acquire) {
-                self.wake.notify_all();
+                self.wake_all();
                 return false;
             }
             self.take_retry(&mut coord, engine, max, out);
@@ -856,14 +1077,15 @@ impl Shared<'_> {
                 // Nobody is working and nothing is waiting: whatever has no result now
                 // was given to no lane; the batch is over.
                 coord.done = true;
-                self.wake.notify_all();
+                self.wake_all();
                 return false;
             }
             coord = self.wake.wait(coord).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// One lane's life during a batch.
+    /// One lane's life during a batch. Its results go to `sink`: the batch's output
+    /// slots for the lane that runs in-line, a list of its own for a lane thread.
     fn lane_loop(
         &self,
         lane_idx: usize,
@@ -871,9 +1093,11 @@ impl Shared<'_> {
         engine: &EngineRef,
         opened: Option<Box<dyn Lane>>,
         at_start: bool,
+        mut sink: Sink<'_>,
     ) -> LaneEnd {
-        // First thing, before anything that could panic and leave the others waiting.
-        if at_start {
+        // First thing, before anything that could panic and leave the others waiting
+        // (alone, there are no others: the barrier's wake-up is a system call).
+        if at_start && !self.alone {
             self.start.wait();
         }
         let cpu_start = thread_cpu_time();
@@ -882,11 +1106,6 @@ impl Shared<'_> {
             started: true,
             ..LaneReport::default()
         };
-        // Room for an even share of the batch, so a lane rarely grows the list.
-        let share = self.jobs.len() / self.lane_count.max(1) + MAX_PULL_SLACK;
-        let mut done: Vec<(usize, Result<JobOutput>)> =
-            Vec::with_capacity(share.min(self.jobs.len()));
-        let mut ascending = true;
         let mut lane = match opened {
             Some(lane) => lane,
             None => match engine.open_lane(meta.index) {
@@ -895,12 +1114,7 @@ impl Shared<'_> {
                     self.quarantine(meta.engine, e.to_string(), &[]);
                     self.idle_exit();
                     report.cpu = thread_cpu_time().saturating_sub(cpu_start);
-                    return LaneEnd {
-                        report,
-                        lane: None,
-                        done,
-                        ascending,
-                    };
+                    return sink.end(report, None);
                 }
             },
         };
@@ -917,13 +1131,20 @@ impl Shared<'_> {
             .unwrap_or(1)
             .min(cap);
         let timing = self.schedule.wants_timing();
+        // A lane thread times each pull (it may wait between pulls: for work, for its
+        // share of a core); the in-line lane, alone on the batch's thread, is busy
+        // from start to end, so it reads no clock per pull (two reads per pull were a
+        // tenth of a pull of sixteen 16-byte jobs) unless the policy wants timings.
+        let per_pull = timing || matches!(sink, Sink::List { .. });
+        let lane_start = Instant::now();
         let mut picked: Vec<usize> = Vec::with_capacity(cap);
         let mut outs: Vec<JobOutput> = vec![JobOutput::default(); cap];
         // Spare output buffers this lane took from the shared pool.
         let mut spare: Vec<JobOutput> = Vec::new();
-        let mut spare_left = true;
+        let mut spare_left = matches!(sink, Sink::List { .. });
         let mut results: Vec<Result<()>> = (0..cap).map(|_| Ok(())).collect();
         let mut refs: Vec<&Job> = Vec::with_capacity(cap);
+        let mut in_hand: Vec<usize> = Vec::new();
         let mut policy_done = false;
         loop {
             if self.quarantined[meta.engine].load(Ordering::Acquire) {
@@ -945,67 +1166,52 @@ impl Shared<'_> {
                     continue;
                 }
             }
-
+            let n = picked.len();
             if let Some(&last) = picked.last() {
                 max = self.widths[usize::from(self.classes[last])][meta.engine].min(cap);
             }
-
-            // Give every empty output slot a spare buffer while the pool lasts.
-            if spare_left {
-                for out in outs[..picked.len()].iter_mut() {
-                    if out.data.capacity() > 0 {
-                        continue;
+            refs.clear();
+            refs.extend(picked.iter().map(|&j| &self.jobs[j]));
+            match &mut sink {
+                Sink::Slots { .. } => sink.lend(&picked, &mut outs[..n]),
+                Sink::List { .. } => {
+                    if spare_left {
+                        spare_left = self.fill_spares(&mut outs[..n], &mut spare);
                     }
-                    if spare.is_empty() {
-                        self.take_spare(picked.len() * SPARE_TAKE, &mut spare);
-                    }
-                    let Some(buf) = spare.pop() else {
-                        spare_left = false;
-                        break;
-                    };
-                    *out = buf;
                 }
             }
-            let started = Instant::now();
+            let started = per_pull.then(Instant::now);
             let cpu_before = if timing {
                 thread_cpu_time()
             } else {
                 Duration::ZERO
             };
-            if picked.len() == 1 {
-                results[0] = lane.run(&self.jobs[picked[0]], self.keys, &mut outs[0]);
+            if n == 1 {
+                results[0] = lane.run(refs[0], self.keys, &mut outs[0]);
             } else {
-                refs.clear();
-                refs.extend(picked.iter().map(|&j| &self.jobs[j]));
-                lane.run_batch(
-                    &refs,
-                    self.keys,
-                    &mut outs[..picked.len()],
-                    &mut results[..picked.len()],
-                );
+                lane.run_batch(&refs, self.keys, &mut outs[..n], &mut results[..n]);
             }
-            let elapsed = started.elapsed();
+            let elapsed = started.map_or(Duration::ZERO, |t| t.elapsed());
             report.busy += elapsed;
 
+            // The common case, every job done (successfully or with a job error), is
+            // handled per pull; an engine failure job by job.
             let mut failure: Option<String> = None;
-            let mut in_hand = Vec::new();
-            let before = done.len();
+            in_hand.clear();
             for (k, &j) in picked.iter().enumerate() {
-                match std::mem::replace(&mut results[k], Ok(())) {
-                    Err(e) if e.is_engine_failure() => {
+                if matches!(&results[k], Err(e) if e.is_engine_failure()) {
+                    if let Err(e) = std::mem::replace(&mut results[k], Ok(())) {
                         failure.get_or_insert_with(|| e.to_string());
-                        in_hand.push(j);
                     }
-                    result => {
-                        report.jobs += 1;
-                        report.bytes += self.jobs[j].len() as u64;
-                        let out = std::mem::take(&mut outs[k]);
-                        ascending &= done.last().is_none_or(|&(last, _)| last < j);
-                        done.push((j, result.map(|()| out)));
-                    }
+                    in_hand.push(j);
+                } else {
+                    report.bytes += self.jobs[j].len() as u64;
                 }
             }
-            self.completed(done.len() - before);
+            let finished = n - in_hand.len();
+            report.jobs += finished;
+            sink.keep(&picked, &mut outs[..n], &mut results[..n], &in_hand);
+            self.completed(finished);
             if let Some(reason) = failure {
                 self.quarantine(meta.engine, reason, &in_hand);
                 self.idle_exit();
@@ -1016,13 +1222,30 @@ impl Shared<'_> {
                 self.schedule.completed(lane_idx, &picked, elapsed, cpu);
             }
         }
-        report.cpu = thread_cpu_time().saturating_sub(cpu_start);
-        LaneEnd {
-            report,
-            lane: Some(lane),
-            done,
-            ascending,
+        if !per_pull {
+            report.busy = lane_start.elapsed();
         }
+        report.cpu = thread_cpu_time().saturating_sub(cpu_start);
+        sink.end(report, Some(lane))
+    }
+
+    /// Gives every empty output buffer in `outs` a spare one while the shared pool
+    /// lasts, taking a few at a time into `spare`; returns false once it is empty.
+    fn fill_spares(&self, outs: &mut [JobOutput], spare: &mut Vec<JobOutput>) -> bool {
+        let take = outs.len() * SPARE_TAKE;
+        for out in outs.iter_mut() {
+            if out.data.capacity() > 0 {
+                continue;
+            }
+            if spare.is_empty() {
+                self.take_spare(take, spare);
+            }
+            let Some(buf) = spare.pop() else {
+                return false;
+            };
+            *out = buf;
+        }
+        true
     }
 
     /// A lane leaves for good (its engine failed): it no longer counts as working.
@@ -1033,7 +1256,7 @@ impl Shared<'_> {
             coord.done = true;
         }
         drop(coord);
-        self.wake.notify_all();
+        self.wake_all();
     }
 }
 
@@ -1119,7 +1342,8 @@ mod tests {
             (list(&[0, 1, 2, 6, 7]), true),
             (list(&[3, 4, 8, 9]), true),
         ];
-        let (outputs, duplicates) = in_job_order(10, lists, |_| unreachable!());
+        let mut outputs = vec![out(99)];
+        let duplicates = in_job_order(&mut outputs, 10, lists, |_| unreachable!());
         assert_eq!(duplicates, 0);
         assert_eq!(order(&outputs), (0..10).map(Some).collect::<Vec<_>>());
     }
@@ -1127,7 +1351,8 @@ mod tests {
     #[test]
     fn unordered_lists_are_scattered() {
         let lists = vec![(list(&[4, 0, 2]), false), (list(&[1, 3]), true)];
-        let (outputs, duplicates) = in_job_order(5, lists, |_| unreachable!());
+        let mut outputs = Vec::new();
+        let duplicates = in_job_order(&mut outputs, 5, lists, |_| unreachable!());
         assert_eq!(duplicates, 0);
         assert_eq!(order(&outputs), (0..5).map(Some).collect::<Vec<_>>());
     }
@@ -1136,7 +1361,8 @@ mod tests {
     fn missing_and_surplus_results() {
         for ascending in [true, false] {
             let lists = vec![(list(&[0, 1, 3]), ascending), (list(&[1, 3, 4]), true)];
-            let (outputs, duplicates) = in_job_order(6, lists, |j| {
+            let mut outputs = Vec::new();
+            let duplicates = in_job_order(&mut outputs, 6, lists, |j| {
                 Err(Error::Policy {
                     policy: "test".into(),
                     reason: format!("job {j} missing"),
@@ -1151,5 +1377,49 @@ mod tests {
                 matches!(&outputs[2], Err(Error::Policy { reason, .. }) if reason == "job 2 missing")
             );
         }
+    }
+
+    /// Slots as an in-line lane leaves them: `ran` jobs hold their result, the others
+    /// a stale output of an earlier batch (job 99).
+    fn slots(n: usize, ran: &[usize]) -> Vec<Result<JobOutput>> {
+        (0..n)
+            .map(|j| if ran.contains(&j) { out(j) } else { out(99) })
+            .collect()
+    }
+
+    #[test]
+    fn gaps_between_the_lanes_runs_are_filled_from_the_lists_in_job_order() {
+        let mut outputs = slots(8, &[0, 1, 4, 5, 6]);
+        // Runs in the order the lane did them, not job order.
+        let runs = vec![4..7, 0..2];
+        let lists = vec![list(&[3]), list(&[2, 7])];
+        let duplicates = fill_gaps(&mut outputs, runs, lists, |_| unreachable!());
+        assert_eq!(duplicates, 0);
+        assert_eq!(order(&outputs), (0..8).map(Some).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn gaps_no_list_fills_are_missing_and_surplus_results_are_counted() {
+        let mut outputs = slots(6, &[1, 2, 3]);
+        // Job 2 completed twice (a list and a run); job 3 in two runs.
+        let runs = vec![1..4, 3..4];
+        let lists = vec![list(&[2, 5])];
+        let duplicates = fill_gaps(&mut outputs, runs, lists, |j| {
+            Err(Error::Policy {
+                policy: "test".into(),
+                reason: format!("job {j} missing"),
+            })
+        });
+        assert_eq!(duplicates, 2);
+        assert_eq!(
+            order(&outputs),
+            vec![None, Some(1), Some(2), Some(3), None, Some(5)]
+        );
+        assert!(
+            matches!(&outputs[0], Err(Error::Policy { reason, .. }) if reason == "job 0 missing")
+        );
+        assert!(
+            matches!(&outputs[4], Err(Error::Policy { reason, .. }) if reason == "job 4 missing")
+        );
     }
 }

@@ -781,3 +781,190 @@ fn batches_after_the_only_engine_failed() {
     }
     failures.assert_none("batches after the only engine failed");
 }
+
+/// Output slots as a caller may hand them to [`Dispatcher::run_into`] before any batch
+/// of its own: buffers of other lengths full of junk, with and without tags, and
+/// errors of an earlier batch. None of it may show in a result.
+fn junk_outputs(n: usize) -> Vec<Result<hetcrypt::JobOutput, Error>> {
+    (0..n)
+        .map(|i| match i % 3 {
+            0 => Err(Error::AuthenticationFailed),
+            _ => Ok(hetcrypt::JobOutput {
+                data: vec![0xa5; i * 13 % 700],
+                tag: (i % 2 == 0).then_some([0x5a; TAG_LEN]),
+            }),
+        })
+        .collect()
+}
+
+/// Issue 23's bulk path: one lane and nothing deferred, so the batch runs in-line on
+/// the caller's thread and the lane writes straight into the output vector it is
+/// given. Random jobs of every cipher with bad ones among them, three rounds into the
+/// same vector (junk at first, then the previous round's outputs, then half of them):
+/// every output byte-identical to OpenSSL's and in job order, each bad job its own
+/// error, every job done once. On both `cpu` implementations, under `only` and `pull`.
+#[test]
+fn in_line_batches_into_reused_outputs() {
+    let bad = bad_cases();
+    let good = random_cases(0x23, scaled(400));
+    let mut cases = Vec::new();
+    for (i, good) in good.into_iter().enumerate() {
+        cases.push(good);
+        if i % 4 == 3 {
+            cases.push(bad[(i / 4) % bad.len()].clone());
+        }
+    }
+    let refs: Vec<&Case> = cases.iter().collect();
+    let mut failures = Failures::default();
+    for engine in common::cpu_implementations() {
+        let name = engine.name().to_string();
+        let dispatcher = Dispatcher::new(vec![engine]).expect("one engine");
+        let jobs = bind(&dispatcher, &refs);
+        for policy in [format!("only:{name}"), "pull".to_string()] {
+            let policy = policy::by_name(&policy).expect("a known policy");
+            let mut outputs = junk_outputs(jobs.len() + 5);
+            for round in 0..3 {
+                let path = format!("{name} in-line under {}, round {round}", policy.name());
+                if round == 2 {
+                    outputs.truncate(jobs.len() / 2);
+                }
+                match dispatcher.run_into(&jobs, policy.as_ref(), &mut outputs) {
+                    Ok(report) => {
+                        let batch = hetcrypt::BatchResult {
+                            outputs: std::mem::take(&mut outputs),
+                            report,
+                        };
+                        check_report(&mut failures, &path, &batch, jobs.len());
+                        for (case, got) in cases.iter().zip(&batch.outputs) {
+                            failures.check(&path, case, got);
+                        }
+                        outputs = batch.outputs;
+                    }
+                    Err(e) => failures.push(format!("{path}: {e}")),
+                }
+            }
+        }
+    }
+    failures.assert_none("in-line batches into reused outputs");
+}
+
+/// The in-line lane's engine fails in the middle of a pull (after 37 jobs; pulls are
+/// 16 wide): the jobs it finished keep their outputs, the ones it held and those still
+/// queued end with `NoEngine` (no other engine), none is lost or done twice, and the
+/// next batch, with the engine quarantined, fails every job the same way.
+#[test]
+fn in_line_lane_whose_engine_fails_mid_pull() {
+    /// Jobs the engine runs before failing: not a multiple of the pull width.
+    const RUNS_BEFORE_FAULT: usize = 37;
+    let inner = CpuEngine::with_lanes(1).into_engine();
+    let flaky = FaultyEngine::new(FLAKY, inner, Fault::AfterJobs(RUNS_BEFORE_FAULT));
+    let dispatcher = Dispatcher::new(vec![flaky.into_engine()]).expect("one engine");
+    let key = [7u8; 16];
+    let id = dispatcher
+        .add_key(hetcrypt::Key::new(key.to_vec()))
+        .expect("a 16-byte key");
+    let jobs: Vec<Job> = (0..100u8)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                id,
+                [i; 16],
+                vec![i; 16],
+            )
+        })
+        .collect();
+    let mut failures = Failures::default();
+    let mut outputs = junk_outputs(jobs.len());
+    for round in ["the engine fails", "quarantined"] {
+        let report = match dispatcher.run_into(&jobs, &policy::Only::new(FLAKY), &mut outputs) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{round}: {e}"));
+                continue;
+            }
+        };
+        let ran = if round == "the engine fails" {
+            RUNS_BEFORE_FAULT
+        } else {
+            0
+        };
+        if outputs.len() != jobs.len() {
+            failures.push(format!("{round}: {} outputs", outputs.len()));
+        }
+        for (i, (job, out)) in jobs.iter().zip(&outputs).enumerate() {
+            if i < ran {
+                let (want, _) = reference_encrypt(job.cipher, &key, job.iv(), &[], &job.input);
+                if !matches!(out, Ok(o) if o.data == want && o.tag.is_none()) {
+                    failures.push(format!("{round}: job {i} gave {out:?}, want {want:02x?}"));
+                }
+            } else if !matches!(out, Err(Error::NoEngine { .. })) {
+                failures.push(format!("{round}: job {i} gave {out:?}, want NoEngine"));
+            }
+        }
+        let done = report.engine(FLAKY).expect("the report lists every engine");
+        if done.jobs != ran || done.failed.is_none() || report.jobs != jobs.len() {
+            failures.push(format!(
+                "{round}: flaky did {} jobs of {}, failed {:?}; want {ran} and a reason",
+                done.jobs, report.jobs, done.failed
+            ));
+        }
+    }
+    failures.assert_none("in-line lane whose engine fails mid-pull");
+}
+
+/// An engine quarantined in an earlier batch, under `only:` it: its jobs move to the
+/// other engine, whose one lane then runs in-line (the only lane left) and takes them
+/// from the re-dispatch queue: byte-identical outputs, in job order, all counted as
+/// re-dispatched.
+#[test]
+fn in_line_lane_takes_a_quarantined_engines_jobs() {
+    let flaky = FaultyEngine::new(FLAKY, CpuEngine::with_lanes(1).into_engine(), Fault::OnOpen);
+    let dispatcher = Dispatcher::new(vec![
+        flaky.into_engine(),
+        CpuEngine::with_lanes(1).into_engine(),
+    ])
+    .expect("two engines");
+    let key = [9u8; 16];
+    let id = dispatcher
+        .add_key(hetcrypt::Key::new(key.to_vec()))
+        .expect("a 16-byte key");
+    let jobs: Vec<Job> = (0..200usize)
+        .map(|i| {
+            Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                id,
+                [i as u8; 16],
+                vec![i as u8; i % 70],
+            )
+        })
+        .collect();
+    let mut failures = Failures::default();
+    let mut outputs = junk_outputs(jobs.len());
+    for round in ["flaky fails to open", "flaky quarantined"] {
+        let report = match dispatcher.run_into(&jobs, &policy::Only::new(FLAKY), &mut outputs) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{round}: {e}"));
+                continue;
+            }
+        };
+        for (i, (job, out)) in jobs.iter().zip(&outputs).enumerate() {
+            let (want, _) = reference_encrypt(job.cipher, &key, job.iv(), &[], &job.input);
+            if !matches!(out, Ok(o) if o.data == want) {
+                failures.push(format!("{round}: job {i} gave {out:?}, want {want:02x?}"));
+            }
+        }
+        let cpu = report.engine("cpu").expect("the report lists every engine");
+        if cpu.jobs != jobs.len() || report.redispatched != jobs.len() {
+            failures.push(format!(
+                "{round}: cpu did {} jobs, {} re-dispatched; want {} of each",
+                cpu.jobs,
+                report.redispatched,
+                jobs.len()
+            ));
+        }
+    }
+    failures.assert_none("in-line lane takes a quarantined engine's jobs");
+}

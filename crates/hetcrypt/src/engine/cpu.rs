@@ -598,7 +598,7 @@ impl CpuLane {
                 for &k in group {
                     outs[k].data.clear();
                     outs[k].tag = None;
-                    results[k] = Err(error_for(&e, jobs[k]));
+                    results[k] = Err(copy_error_for(&e, jobs[k].cipher));
                 }
                 return;
             }
@@ -655,7 +655,7 @@ impl CpuLane {
                 // Every job of the group shares the key and so the error (but not
                 // always the mode: CBC with and without padding share a group).
                 for &k in group {
-                    results[k] = Err(error_for(&e, jobs[k]));
+                    results[k] = Err(copy_error_for(&e, jobs[k].cipher));
                 }
                 return;
             }
@@ -762,6 +762,19 @@ fn most_recent<K: PartialEq, V>(
     Ok(&mut list[0].1)
 }
 
+/// [`copy_error`] for one job of a group that shares a key: a key length error names
+/// that job's cipher (a group may mix CBC with and without padding under one key).
+fn copy_error_for(e: &Error, cipher: Cipher) -> Error {
+    match copy_error(e) {
+        Error::KeyLength { expected, got, .. } => Error::KeyLength {
+            cipher,
+            expected,
+            got,
+        },
+        other => other,
+    }
+}
+
 /// An error copied for each job it concerns (errors are not `Clone`): a key lookup's
 /// errors as they are, anything else (a failed pinning) as an engine failure.
 fn copy_error(e: &Error) -> Error {
@@ -780,19 +793,6 @@ fn copy_error(e: &Error) -> Error {
             engine: "cpu".to_string(),
             reason: other.to_string(),
         },
-    }
-}
-
-/// `e`, a failure of a group's shared key, as job `job`'s own: a key length error
-/// names the job's cipher, which may differ from the first job's in padding.
-fn error_for(e: &Error, job: &Job) -> Error {
-    match copy_error(e) {
-        Error::KeyLength { expected, got, .. } => Error::KeyLength {
-            cipher: job.cipher,
-            expected,
-            got,
-        },
-        other => other,
     }
 }
 
