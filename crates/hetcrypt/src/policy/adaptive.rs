@@ -970,7 +970,10 @@ mod tests {
     }
 
     /// A schedule of `jobs` as [`Adaptive::plan`] builds it, before it leaves any
-    /// engine out, so that a test can drive its lanes and read its state.
+    /// engine out, so that a test can drive its lanes and read its state. A test that
+    /// asks on its own thread marks the other engine's lanes waiting (`idle`): a lane
+    /// the rule made wait then takes a job anyway (`all_waiting`) and the test fails
+    /// on what it got instead of hanging.
     fn schedule(
         policy: &Adaptive,
         jobs: &[JobMeta],
@@ -1100,6 +1103,7 @@ mod tests {
         // Class 0 large, class 1 small.
         let jobs = cbc_jobs((0..40).map(|i| if i < 20 { 65536 } else { 64 }));
         let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        s.idle[0].store(1, Ordering::Release);
         let mut state = LaneState::default();
         let mut out = Vec::new();
         let decisions: Vec<_> = (0..=model::PROBES)
@@ -1216,6 +1220,7 @@ mod tests {
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([64; 10]);
         let s = schedule(&seeded(), &jobs, &engines, &lanes, 2);
+        s.idle[1].store(1, Ordering::Release);
         let mut out = vec![usize::MAX];
         assert!(s.next(0, 2, &mut out));
         assert_eq!(out, [usize::MAX, 0, 1]);
@@ -1295,6 +1300,7 @@ mod tests {
         let jobs = cbc_jobs((0..40).map(|i| if i < 20 { 64 } else { 65536 }));
         let policy = Adaptive::new();
         let s = schedule(&policy, &jobs, &engines, &lanes, 2);
+        s.idle[1].store(1, Ordering::Release);
         // The cpu probes the small class twice; the second call books the first probe.
         let mut out = Vec::new();
         assert!(s.next(0, 1, &mut out) && s.next(0, 1, &mut out));
