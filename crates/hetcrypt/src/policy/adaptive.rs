@@ -839,6 +839,7 @@ impl Drop for AdaptiveSchedule {
 mod tests {
     use super::*;
     use crate::policy::tests::{cbc_jobs, cpu_and_kernel};
+    use crate::policy::{EngineMeta, LaneMeta};
 
     /// The first job each lane takes, asked from a thread so that a lane the policy
     /// makes wait fails the test instead of hanging it.
@@ -960,5 +961,373 @@ mod tests {
         assert_eq!(seeded.engines_needed(), EngineMask(1));
         let fresh = Adaptive::new().plan(&plan).unwrap();
         assert_eq!(fresh.engines_needed(), EngineMask(3));
+    }
+
+    /// The policy seeded with [`crate::calibration::tests::cpu_and_module`]: a cpu fast
+    /// on small jobs, a module with a 200 µs request floor that wins from ~22 KB.
+    fn seeded() -> Adaptive {
+        Adaptive::seeded(Arc::new(crate::calibration::tests::cpu_and_module()))
+    }
+
+    /// A schedule of `jobs` as [`Adaptive::plan`] builds it, before it leaves any
+    /// engine out, so that a test can drive its lanes and read its state. A test that
+    /// asks on its own thread marks the other engine's lanes waiting (`idle`): a lane
+    /// the rule made wait then takes a job anyway (`all_waiting`) and the test fails
+    /// on what it got instead of hanging.
+    fn schedule(
+        policy: &Adaptive,
+        jobs: &[JobMeta],
+        engines: &[EngineMeta],
+        lanes: &[LaneMeta],
+        cores: usize,
+    ) -> AdaptiveSchedule {
+        let plan = Plan {
+            jobs,
+            engines,
+            lanes,
+            cores,
+        };
+        AdaptiveSchedule::new(&plan, Arc::clone(&policy.learned))
+    }
+
+    /// `cpu_and_kernel`, with `cpu` lanes and `kernel` lanes.
+    fn cpu_and_kernel_lanes(cpu: usize, kernel: usize) -> (Vec<EngineMeta>, Vec<LaneMeta>) {
+        let (mut engines, _) = cpu_and_kernel();
+        engines[0].lanes = cpu;
+        engines[1].lanes = kernel;
+        let lanes = (0..cpu)
+            .map(|index| LaneMeta { engine: 0, index })
+            .chain((0..kernel).map(|index| LaneMeta { engine: 1, index }))
+            .collect();
+        (engines, lanes)
+    }
+
+    /// Jobs of `lens` that only the engines in `mask` may run.
+    fn jobs_for(mask: u64, lens: impl IntoIterator<Item = usize>) -> Vec<JobMeta> {
+        let mut jobs = cbc_jobs(lens);
+        for job in &mut jobs {
+            job.engines = EngineMask(mask);
+        }
+        jobs
+    }
+
+    /// With every lane of the other engine waiting, the cpu's lane keeps taking from
+    /// its class without deciding, one job a pull, until an event (the module failing)
+    /// makes it decide again.
+    #[test]
+    fn a_streak_lasts_until_an_event() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 10]);
+        let s = schedule(&seeded(), &jobs, &engines, &lanes, 2);
+        // The module's lane waits.
+        s.idle[1].store(1, Ordering::Release);
+        let mut state = LaneState::default();
+        let mut out = Vec::new();
+        let decided = Some((0, Some(Decision::Take(0))));
+        assert_eq!(s.choose(0, 1, &mut out, &mut state), decided);
+        assert_eq!(s.choose(0, 1, &mut out, &mut state), Some((0, None)));
+        assert_eq!(out, [0, 1]);
+        assert_eq!(s.engine_failed(1), Vec::<usize>::new());
+        assert_eq!(s.choose(0, 1, &mut out, &mut state), decided);
+        assert_eq!(out, [0, 1, 2]);
+    }
+
+    /// A take says whether it got a job; the take that empties a class is an event
+    /// (streaks end, waiting lanes decide again), the takes before it are not.
+    #[test]
+    fn the_take_that_empties_a_class_is_an_event() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 2]);
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        let epoch = || s.epoch.load(Ordering::Acquire);
+        let mut out = Vec::new();
+        assert!(s.take(0, 1, &mut out));
+        assert_eq!(epoch(), 0);
+        assert!(s.take(0, 1, &mut out));
+        assert_eq!(epoch(), 1);
+        assert!(!s.take(0, 1, &mut out), "nothing left");
+        assert_eq!(out, [0, 1]);
+    }
+
+    /// The others are idle when every lane of every other engine waits; everyone is
+    /// waiting when, besides, every lane of the caller's engine but the caller does.
+    #[test]
+    fn others_are_idle_only_when_all_their_lanes_wait() {
+        let (engines, lanes) = cpu_and_kernel_lanes(2, 1);
+        let jobs = cbc_jobs([64; 10]);
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 4);
+        let idle = |e: usize, n: usize| s.idle[e].store(n, Ordering::Release);
+        // Both cpu lanes wait, the module's lane works.
+        idle(0, 2);
+        assert!(!s.others_idle(0));
+        assert!(!s.all_waiting(0));
+        assert!(s.others_idle(1));
+        // The module's lane and one cpu lane wait: the other cpu lane asks.
+        idle(1, 1);
+        idle(0, 1);
+        assert!(s.others_idle(0));
+        assert!(s.all_waiting(0));
+        // Neither cpu lane waits.
+        idle(0, 0);
+        assert!(!s.all_waiting(0));
+        assert!(!s.others_idle(1));
+    }
+
+    /// A booked pull teaches its engine's estimate the wall time per job it took.
+    #[test]
+    fn a_booked_pull_counts_its_wall_time_per_job() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 10]);
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        let since = Instant::now();
+        let pull = Pull {
+            key: 0,
+            jobs: 4,
+            since,
+            full: true,
+            bound: false,
+        };
+        // Two pulls of four jobs in 40 ms each (the first is the warm-up).
+        s.book(0, pull, since + Duration::from_millis(40));
+        s.book(0, pull, since + Duration::from_millis(40));
+        let wall = s.estimates[s.slot(0, 0)].cost().map(|c| c.wall);
+        assert!(wall.is_some_and(|w| (w - 0.01).abs() < 1e-12), "{wall:?}");
+    }
+
+    /// Probes count per engine and class: after [`model::PROBES`] probes of the small
+    /// class (probed first), the module takes its jobs as `pull` would, nobody knowing
+    /// them.
+    #[test]
+    fn an_engine_stops_probing_a_class_after_its_probes() {
+        let (engines, lanes) = cpu_and_kernel();
+        // Class 0 large, class 1 small.
+        let jobs = cbc_jobs((0..40).map(|i| if i < 20 { 65536 } else { 64 }));
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        s.idle[0].store(1, Ordering::Release);
+        let mut state = LaneState::default();
+        let mut out = Vec::new();
+        let decisions: Vec<_> = (0..=model::PROBES)
+            .map(|_| s.choose(1, 1, &mut out, &mut state))
+            .collect();
+        let mut expected = vec![Some((1, Some(Decision::Probe(1)))); model::PROBES];
+        expected.push(Some((1, Some(Decision::Take(1)))));
+        assert_eq!(decisions, expected);
+        assert_eq!(
+            (s.probes(1, 1), s.probes(0, 1), s.probes(1, 0)),
+            (model::PROBES, 0, 0)
+        );
+    }
+
+    /// Once in [`model::REMEASURE_EVERY`] batches an engine the cost rule declines may
+    /// re-measure a class, once in the batch: on one core the cpu, declined on the
+    /// module's large jobs, takes one pull of them.
+    #[test]
+    fn a_declined_engine_remeasures_once_every_few_batches() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([65536; 2000]);
+        let policy = seeded();
+        let first = schedule(&policy, &jobs, &engines, &lanes, 1);
+        assert!(!first.may_remeasure(0) && !first.may_remeasure(1));
+        drop(first);
+        for _ in 1..model::REMEASURE_EVERY {
+            drop(schedule(&policy, &jobs, &engines, &lanes, 1));
+        }
+        let s = schedule(&policy, &jobs, &engines, &lanes, 1);
+        assert!(s.may_remeasure(0));
+        // The module's lane waits (a lane that must not re-measure would not wait).
+        s.idle[1].store(1, Ordering::Release);
+        let mut out = Vec::new();
+        assert_eq!(
+            s.choose(0, 1, &mut out, &mut LaneState::default()),
+            Some((0, Some(Decision::Remeasure(0))))
+        );
+        assert_eq!(out, [0]);
+        assert!(!s.may_remeasure(0), "once a batch");
+    }
+
+    /// A lane the rule makes wait while every other lane waits too takes a job anyway,
+    /// of a class its engine may run, having announced once that it started waiting.
+    #[test]
+    fn a_lane_that_would_wait_with_everyone_else_waiting_takes_a_job_of_its_own() {
+        let (engines, lanes) = cpu_and_kernel();
+        // On one core the cpu is declined on large jobs; jobs 0-9 only the module may run.
+        let mut jobs = jobs_for(0b10, [65536; 10]);
+        jobs.extend(cbc_jobs([65536; 10]));
+        let s = Arc::new(schedule(&seeded(), &jobs, &engines, &lanes, 1));
+        s.idle[1].store(1, Ordering::Release);
+        let dynamic: Arc<dyn Schedule> = s.clone();
+        assert_eq!(first_pick(&dynamic, 0), Some(10));
+        assert_eq!(s.epoch.load(Ordering::Acquire), 1, "announced once");
+    }
+
+    /// A lane that waits counts itself in and out of the waiters, and an engine failing
+    /// wakes it to take the jobs that engine left.
+    #[test]
+    fn a_waiting_lane_is_woken_by_a_failure_and_leaves_the_waiter_count() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([65536; 10]);
+        let s = Arc::new(schedule(&seeded(), &jobs, &engines, &lanes, 1));
+        let lane = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                s.next(0, 1, &mut out);
+                out
+            })
+        };
+        // Until the cpu's lane waits (or returns without waiting, which it must not).
+        let waited = loop {
+            if *lock(&s.wait) > 0 {
+                break true;
+            }
+            if lane.is_finished() {
+                break false;
+            }
+            std::thread::yield_now();
+        };
+        assert!(waited, "the cpu's lane waits for the module");
+        assert_eq!(s.engine_failed(1), Vec::<usize>::new());
+        assert_eq!(lane.join().expect("the lane returns"), [0]);
+        assert_eq!(*lock(&s.wait), 0);
+    }
+
+    /// In a sole batch the lane takes each class in turn without deciding, and its
+    /// timed pull records the jobs it took, not what the caller's vector held.
+    #[test]
+    fn a_sole_engine_takes_every_class_in_turn() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64, 64, 65536, 65536, 65536]);
+        let mut s = schedule(&Adaptive::new(), &jobs, &engines[..1], &lanes[..1], 1);
+        s.leave_out_idle_engines();
+        assert_eq!(s.sole, Some(0));
+        let mut out = vec![usize::MAX];
+        assert!(s.next(0, 2, &mut out));
+        let pull = lock(&s.lanes[0]).pull.map(|p| (p.jobs, p.full));
+        assert_eq!(pull, Some((2, true)));
+        let mut pulls = 1;
+        while s.next(0, 2, &mut out) {
+            pulls += 1;
+            assert!(pulls <= jobs.len(), "a pull that took nothing: {out:?}");
+        }
+        assert_eq!(out, [usize::MAX, 0, 1, 2, 3, 4]);
+    }
+
+    /// A lane's timed pull records how many jobs it took and whether it got all it
+    /// asked for, whatever the caller's vector held; a full pull teaches even a
+    /// settled estimate.
+    #[test]
+    fn a_timed_pull_records_its_own_jobs() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 10]);
+        let s = schedule(&seeded(), &jobs, &engines, &lanes, 2);
+        s.idle[1].store(1, Ordering::Release);
+        let mut out = vec![usize::MAX];
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(out, [usize::MAX, 0, 1]);
+        let pull = lock(&s.lanes[0]).pull.map(|p| (p.jobs, p.full));
+        assert_eq!(pull, Some((2, true)));
+        let samples = || s.estimates[s.slot(0, 0)].get().samples();
+        assert_eq!(samples(), model::WINDOW);
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(samples(), model::WINDOW + 1, "the full pull was booked");
+    }
+
+    /// On a streak one pull in [`STREAK_SAMPLE`] is timed (besides the one that
+    /// decided).
+    #[test]
+    fn a_streak_times_one_pull_in_streak_sample() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 100]);
+        let s = schedule(&seeded(), &jobs, &engines, &lanes, 2);
+        s.idle[1].store(1, Ordering::Release);
+        let mut out = Vec::new();
+        let streak = 2 * STREAK_SAMPLE as usize;
+        for _ in 0..=streak {
+            assert!(s.next(0, 1, &mut out));
+        }
+        assert_eq!(out.len(), streak + 1);
+        assert_eq!(s.starts[0].load(Ordering::Acquire), 3);
+    }
+
+    /// The share of a module lane's CPU time taken from the CPU lanes: none with a
+    /// core per lane, all of it with one core for both, half of the one lane too many
+    /// for each of two module lanes.
+    #[test]
+    fn steal_is_the_module_lanes_share_of_the_lanes_beyond_the_cores() {
+        let jobs = cbc_jobs([64; 10]);
+        let steal = |(engines, lanes): (Vec<EngineMeta>, Vec<LaneMeta>), cores| {
+            schedule(&Adaptive::new(), &jobs, &engines, &lanes, cores).steal()
+        };
+        assert_eq!(steal(cpu_and_kernel(), 2), 0.0);
+        assert_eq!(steal(cpu_and_kernel(), 1), 1.0);
+        assert_eq!(steal(cpu_and_kernel_lanes(1, 2), 2), 0.5);
+    }
+
+    /// Classes as the rule sees them: bucket, longest job, and an engine's estimate
+    /// for the next smaller bucket of the same cipher and direction.
+    #[test]
+    fn classes_report_their_bucket_longest_job_and_smaller_estimate() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([100, 120, 64, 65536]);
+        let s = schedule(&seeded(), &jobs, &engines, &lanes, 2);
+        assert_eq!(s.classes(), 2);
+        assert_eq!((s.bucket(0), s.max_len(0)), (model::bucket(64), 120));
+        assert_eq!((s.bucket(1), s.max_len(1)), (model::bucket(65536), 65536));
+        let small = s.cost(1, 0).expect("seeded");
+        assert_eq!(s.smaller_known(1, 1), Some((model::bucket(64), small)));
+        assert_eq!(s.smaller_known(1, 0), None);
+    }
+
+    /// When an engine fails, the jobs only it could run come back for re-dispatch;
+    /// those another working engine can run stay.
+    #[test]
+    fn a_failed_engine_hands_back_the_jobs_only_it_could_run() {
+        let (engines, lanes) = cpu_and_kernel();
+        let mut jobs = jobs_for(0b10, [64; 3]);
+        jobs.extend(cbc_jobs([64; 3]));
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        let mut back = s.engine_failed(1);
+        back.sort_unstable();
+        assert_eq!(back, [0, 1, 2]);
+        assert_eq!(s.remaining(1), 3);
+    }
+
+    /// A batch keeps for the next what its lanes measured: the classes an engine
+    /// sampled, for the engines that ran.
+    #[test]
+    fn a_batch_keeps_only_what_its_lanes_measured() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs((0..40).map(|i| if i < 20 { 64 } else { 65536 }));
+        let policy = Adaptive::new();
+        let s = schedule(&policy, &jobs, &engines, &lanes, 2);
+        s.idle[1].store(1, Ordering::Release);
+        // The cpu probes the small class twice; the second call books the first probe.
+        let mut out = Vec::new();
+        assert!(s.next(0, 1, &mut out) && s.next(0, 1, &mut out));
+        drop(s);
+        let learned: Vec<_> = policy
+            .learned()
+            .into_iter()
+            .map(|l| (l.engine, l.min_len, l.samples))
+            .collect();
+        assert_eq!(learned, [("cpu".to_string(), 64, 1)]);
+    }
+
+    /// With both engines needed neither runs the batch alone: the cpu decides its first
+    /// job (a small one) instead of taking the classes in order (the large first here).
+    #[test]
+    fn with_both_engines_needed_no_lane_takes_the_classes_in_order() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs((0..100).map(|i| if i < 50 { 65536 } else { 64 }));
+        let plan = Plan {
+            jobs: &jobs,
+            engines: &engines,
+            lanes: &lanes,
+            cores: 2,
+        };
+        let s: Arc<dyn Schedule> = Arc::from(seeded().plan(&plan).expect("plans"));
+        assert_eq!(s.engines_needed(), EngineMask(0b11));
+        let cpu = first_pick(&s, 0).expect("the cpu takes a job at once");
+        assert!(cpu >= 50, "the cpu's first job is a small one: {cpu}");
     }
 }

@@ -1031,4 +1031,326 @@ mod tests {
             "{out:?}: the CPU should leave large jobs"
         );
     }
+
+    /// Of the first two samples the lower starts the estimate (a tie keeps the first,
+    /// a first sample of zero holds nothing), then each sample counts as in a plain
+    /// mean until [`WINDOW`] samples are in.
+    #[test]
+    fn an_estimate_starts_from_the_lower_first_sample_then_takes_the_plain_mean() {
+        let mut e = Estimate::default();
+        e.observe(0.0, 0.0);
+        e.observe(0.5, 0.25);
+        assert_eq!(
+            e.cost(),
+            Some(Cost {
+                wall: 0.5,
+                cpu: 0.25
+            })
+        );
+        let mut e = Estimate::default();
+        e.observe(1.0, 0.5);
+        e.observe(1.0, 0.25);
+        assert_eq!(
+            e.cost(),
+            Some(Cost {
+                wall: 1.0,
+                cpu: 0.5
+            }),
+            "a tie keeps the first sample"
+        );
+        // The third and fourth samples: the mean of the samples since the warm-up.
+        e.observe(3.0, 1.5);
+        assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((2.0, 1.0)));
+        e.observe(6.0, 3.0);
+        let wall = e.cost().map_or(0.0, |c| c.wall);
+        assert!((wall - 10.0 / 3.0).abs() < 1e-12, "{e:?}");
+    }
+
+    /// A usable estimate of zero takes a sample uncapped (the cap is a multiple of the
+    /// estimate); a CPU time far above it is capped at [`OUTLIER_CAP`] times the
+    /// estimate; a sample exactly 1/[`FAST_DOWN`] of it counts at its plain weight.
+    #[test]
+    fn an_estimate_caps_outliers_relative_to_itself() {
+        let mut zero = Estimate::default();
+        zero.observe(0.0, 0.0);
+        zero.observe(0.0, 0.0);
+        zero.observe(1.0, 1.0);
+        assert_eq!(zero.cost().map(|c| c.wall), Some(0.5));
+
+        let mut settled = Estimate::seeded(1.0, 1.0);
+        settled.observe(1.0, 10.0);
+        let cap = 1.0 + (OUTLIER_CAP - 1.0) / f64::from(WINDOW);
+        assert_eq!(settled.cost().map(|c| c.cpu), Some(cap));
+
+        let mut settled = Estimate::seeded(3.0, 3.0);
+        settled.observe(3.0 / FAST_DOWN, 3.0 / FAST_DOWN);
+        let plain = 3.0 + (3.0 / FAST_DOWN - 3.0) / f64::from(WINDOW);
+        assert_eq!(settled.cost().map(|c| c.wall), Some(plain));
+    }
+
+    /// An upper-bound sample equal to the estimate says nothing new: not counted.
+    #[test]
+    fn an_upper_bound_equal_to_the_estimate_is_ignored() {
+        let shared = SharedEstimate::new(Estimate::seeded(1.0, 0.5));
+        shared.lower(1.0, 3.0);
+        assert_eq!(shared.get(), Estimate::seeded(1.0, 0.5));
+    }
+
+    /// A batch set out field by field, for the rule's edge cases: engines and their
+    /// lanes, classes (who may run them, jobs left, bucket, longest job) and what is
+    /// known per engine and class.
+    struct Fake {
+        lanes: Vec<usize>,
+        steal: f64,
+        /// Per class: engines that may run it, jobs remaining, size bucket, longest job.
+        classes: Vec<(EngineMask, usize, usize, usize)>,
+        /// Per engine and class: wall time of a job, once known.
+        costs: Vec<Vec<Option<f64>>>,
+        smaller: Vec<Vec<Option<(usize, Cost)>>>,
+        probes: Vec<Vec<usize>>,
+        remeasure: Vec<bool>,
+    }
+
+    impl Fake {
+        /// Engines with `lanes[e]` lanes each, one class per entry of `remaining` that
+        /// every engine may run (64-byte jobs), nothing known, a core per lane.
+        fn new(lanes: &[usize], remaining: &[usize]) -> Self {
+            let (ne, nq) = (lanes.len(), remaining.len());
+            Fake {
+                lanes: lanes.to_vec(),
+                steal: 0.0,
+                classes: remaining
+                    .iter()
+                    .map(|&n| (EngineMask(u64::MAX), n, bucket(SMALL), SMALL))
+                    .collect(),
+                costs: vec![vec![None; nq]; ne],
+                smaller: vec![vec![None; nq]; ne],
+                probes: vec![vec![0; nq]; ne],
+                remeasure: vec![false; ne],
+            }
+        }
+
+        /// Engine `e`'s cost for class `q`.
+        fn cost(mut self, e: usize, q: usize, wall: f64) -> Self {
+            self.costs[e][q] = Some(wall);
+            self
+        }
+
+        /// The engines that may run class `q`.
+        fn engines(mut self, q: usize, mask: u64) -> Self {
+            self.classes[q].0 = EngineMask(mask);
+            self
+        }
+    }
+
+    impl View for Fake {
+        fn engines(&self) -> usize {
+            self.lanes.len()
+        }
+        fn lanes(&self, e: usize) -> usize {
+            self.lanes[e]
+        }
+        fn steal(&self) -> f64 {
+            self.steal
+        }
+        fn classes(&self) -> usize {
+            self.classes.len()
+        }
+        fn class_engines(&self, q: usize) -> EngineMask {
+            self.classes[q].0
+        }
+        fn remaining(&self, q: usize) -> usize {
+            self.classes[q].1
+        }
+        fn bucket(&self, q: usize) -> usize {
+            self.classes[q].2
+        }
+        fn max_len(&self, q: usize) -> usize {
+            self.classes[q].3
+        }
+        fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
+            self.smaller[e][q]
+        }
+        fn cost(&self, e: usize, q: usize) -> Option<Cost> {
+            self.costs[e][q].map(|wall| Cost { wall, cpu: wall })
+        }
+        fn probes(&self, e: usize, q: usize) -> usize {
+            self.probes[e][q]
+        }
+        fn gain(&self, _: usize, _: usize) -> Option<f64> {
+            None
+        }
+        fn may_remeasure(&self, e: usize) -> bool {
+            self.remeasure[e]
+        }
+    }
+
+    /// The pessimistic extrapolation scales the smaller size's cost by the length
+    /// ratio: 0.5 s at 16 bytes (bucket 5) is 1.5 s at 48.
+    #[test]
+    fn upper_bound_scales_the_smaller_cost_by_length() {
+        let mut v = Fake::new(&[1, 1], &[10]);
+        v.classes[0].3 = 48;
+        v.smaller[0][0] = Some((
+            5,
+            Cost {
+                wall: 0.5,
+                cpu: 0.5,
+            },
+        ));
+        assert_eq!(upper_bound(&v, 0, 0), Some(1.5));
+        assert_eq!(upper_bound(&v, 1, 0), None);
+    }
+
+    /// A probe of a larger size goes ahead only if [`PROBE_SAFETY`] times its
+    /// pessimistic cost fits in the time the others need for the rest: here 4 x 2 s
+    /// against 7 s (no) and 8 s (yes) of the other engine's work.
+    #[test]
+    fn a_larger_probe_waits_until_its_extrapolated_cost_fits_the_others_work() {
+        let fake = |jobs: usize| {
+            let mut v = Fake::new(&[1, 1], &[jobs]).cost(1, 0, 0.5);
+            v.classes[0].3 = 64;
+            // 0.5 s at 16 bytes: at most 2 s at 64.
+            v.smaller[0][0] = Some((
+                5,
+                Cost {
+                    wall: 0.5,
+                    cpu: 0.5,
+                },
+            ));
+            v
+        };
+        assert_eq!(decide(&fake(14), 0), Decision::Wait);
+        assert_eq!(decide(&fake(16), 0), Decision::Probe(0));
+    }
+
+    /// The best single engine is among the working engines that may run the class and
+    /// have a usable, non-zero cost.
+    #[test]
+    fn best_single_counts_only_working_engines_of_the_class_with_a_cost() {
+        let v = Fake::new(&[1, 1, 1], &[10])
+            .engines(0, 0b011)
+            .cost(0, 0, 2.0)
+            .cost(1, 0, 1.0)
+            .cost(2, 0, 0.1);
+        assert_eq!(
+            best_single(&v, 0),
+            Some(1),
+            "engine 2 may not run the class"
+        );
+        let mut v = Fake::new(&[1, 1], &[10]).cost(1, 0, 0.1);
+        v.lanes[1] = 0;
+        assert_eq!(best_single(&v, 0), None, "engine 1 failed");
+        let v = Fake::new(&[1, 1], &[10]).cost(0, 0, 0.0).cost(1, 0, 1.0);
+        assert_eq!(best_single(&v, 0), Some(1), "a zero cost is no estimate");
+    }
+
+    /// The others' rate leaves out one lane of the asking engine and engines whose
+    /// cost is zero.
+    #[test]
+    fn others_rate_leaves_out_the_asking_lane() {
+        let v = Fake::new(&[1, 1], &[10]).cost(0, 0, 1.0).cost(1, 0, 0.5);
+        assert_eq!(others_rate(&v, 0, 0, 0.0), 2.0);
+        let mut two = Fake::new(&[2, 1], &[10]).cost(0, 0, 1.0).cost(1, 0, 0.5);
+        assert_eq!(others_rate(&two, 0, 0, 0.0), 3.0);
+        two.costs[1][0] = Some(0.0);
+        assert_eq!(others_rate(&two, 0, 0, 0.0), 1.0);
+    }
+
+    /// With nothing known anywhere, a lane probes while [`PROBE_MIN_REMAINING_PER_LANE`]
+    /// jobs per lane remain and it has started fewer than [`PROBES`] probes; after that
+    /// it takes the jobs as `pull` would.
+    #[test]
+    fn with_nothing_known_a_lane_probes_while_enough_jobs_remain() {
+        let lanes = [1, 1];
+        let enough = PROBE_MIN_REMAINING_PER_LANE * lanes.len();
+        assert_eq!(decide(&Fake::new(&lanes, &[enough]), 0), Decision::Probe(0));
+        assert_eq!(
+            decide(&Fake::new(&lanes, &[enough - 1]), 0),
+            Decision::Take(0)
+        );
+        let mut v = Fake::new(&lanes, &[enough]);
+        v.probes[0][0] = PROBES - 1;
+        assert_eq!(decide(&v, 0), Decision::Probe(0));
+        v.probes[0][0] = PROBES;
+        assert_eq!(decide(&v, 0), Decision::Take(0));
+    }
+
+    /// An engine with no estimate where another engine has one, and too few jobs left
+    /// to probe, leaves the class to it.
+    #[test]
+    fn an_unknown_engine_leaves_a_short_class_to_the_one_that_knows_it() {
+        let v = Fake::new(&[1, 1], &[2]).cost(1, 0, 1.0);
+        assert_eq!(decide(&v, 0), Decision::Wait);
+    }
+
+    /// Probes go to the smallest bucket first, the first such class on a tie.
+    #[test]
+    fn probes_go_to_the_first_smallest_class() {
+        let mut v = Fake::new(&[1, 1], &[10, 10, 10]);
+        for (q, b) in [8, 5, 5].into_iter().enumerate() {
+            v.classes[q].2 = b;
+        }
+        assert_eq!(decide(&v, 0), Decision::Probe(1));
+    }
+
+    /// Work that no other engine has an estimate for adds nothing to the others'
+    /// time: a slow engine still leaves the class a faster one runs.
+    #[test]
+    fn a_class_no_other_engine_knows_adds_no_time_to_the_end_game() {
+        let v = Fake::new(&[1, 1], &[5, 1])
+            .engines(0, 0b10)
+            .cost(0, 1, 10.0)
+            .cost(1, 1, 1.0);
+        assert_eq!(decide(&v, 0), Decision::Wait);
+    }
+
+    /// Jobs that only this engine can run (no other may, or the others failed) are
+    /// its own whatever they cost.
+    #[test]
+    fn jobs_no_other_working_engine_may_run_are_taken_whatever_they_cost() {
+        let v = Fake::new(&[1, 1], &[10])
+            .engines(0, 0b01)
+            .cost(0, 0, 10.0)
+            .cost(1, 0, 0.1);
+        assert_eq!(decide(&v, 0), Decision::Take(0));
+        let mut v = Fake::new(&[1, 1], &[10]).cost(0, 0, 10.0).cost(1, 0, 0.1);
+        v.lanes[1] = 0;
+        assert_eq!(decide(&v, 0), Decision::Take(0));
+    }
+
+    /// A declined engine re-measures only when the others' remaining work is at least
+    /// [`REMEASURE_RATIO`] times its cost.
+    #[test]
+    fn a_declined_engine_remeasures_only_beside_enough_work() {
+        let fake = |jobs: usize| {
+            let mut v = Fake::new(&[1, 1], &[jobs]).cost(0, 0, 10.0).cost(1, 0, 1.0);
+            // Oversubscribed: engine 1 is the best single engine, engine 0 declined.
+            v.steal = 1.0;
+            v.remeasure[0] = true;
+            v
+        };
+        let enough = (REMEASURE_RATIO * 10.0) as usize;
+        assert_eq!(decide(&fake(enough), 0), Decision::Remeasure(0));
+        assert_eq!(decide(&fake(enough - 1), 0), Decision::Wait);
+    }
+
+    /// Among the classes it may take, a lane takes the one where it is relatively
+    /// best: a zero cost beside the others' zero is the best there is (not 0/0), and a
+    /// tie goes to the first class.
+    #[test]
+    fn a_lane_takes_its_most_advantaged_class_the_first_on_a_tie() {
+        let v = Fake::new(&[1, 1], &[10, 10])
+            .cost(0, 0, 1.0)
+            .cost(1, 0, 2.0)
+            .cost(0, 1, 0.0)
+            .cost(1, 1, 0.0);
+        assert_eq!(decide(&v, 0), Decision::Take(1));
+        let v = Fake::new(&[1, 1], &[10, 10])
+            .cost(0, 0, 1.0)
+            .cost(1, 0, 2.0)
+            .cost(0, 1, 1.0)
+            .cost(1, 1, 2.0);
+        assert_eq!(decide(&v, 0), Decision::Take(0));
+    }
 }
