@@ -449,6 +449,31 @@ mod tests {
         assert!(module_share(&r, 16384, 1024) <= checks);
     }
 
+    /// Where the module is only a little cheaper, a check of the in-line cost costs
+    /// little beyond it, so checks come at the floor's pace: exactly one call in
+    /// MIN_GAP (a mask of the call count).
+    #[test]
+    fn checks_of_a_slightly_dearer_engine_come_every_min_gap_calls() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(8192), 1_100_000);
+        r.observe_module(site(8192), 1_000_000);
+        let in_line = 1024 - module_share(&r, 8192, 1024);
+        assert_eq!(in_line, 1024 / MIN_GAP as u32);
+    }
+
+    /// A tie goes in-line: the in-line path never waits for a lane. The module then
+    /// gets only its checks, a burst of BURST every MIN_GAP calls.
+    #[test]
+    fn a_tie_stays_in_line() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(8192), 1_000_000);
+        r.observe_module(site(8192), 1_000_000);
+        // (The last burst may be cut short by the end of the count.)
+        let share = module_share(&r, 8192, 1024);
+        let bursts = 1024 / MIN_GAP as u32 * BURST;
+        assert!((bursts - BURST..=bursts).contains(&share), "{share}");
+    }
+
     #[test]
     fn the_cpu_is_measured_first_then_the_module_is_tried() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
