@@ -645,3 +645,26 @@ impl<R: Read, W: Write> Stream for DecryptStream<R, W> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However the pieces are asked for, fewer than `depth` stay held ahead of the
+    /// caller after each (the memory bound counts at most MAX_READ_AHEAD per stream),
+    /// and they come in order.
+    #[test]
+    fn a_chunk_reader_holds_less_than_depth_pieces_ahead() {
+        let input: Vec<u8> = (0..10 * 8 + 3).map(|i| i as u8).collect();
+        let mut r = ChunkReader::new(&input[..], 8);
+        r.depth = 3;
+        let mut buffers = Vec::new();
+        let mut got = Vec::new();
+        while let Some(piece) = r.next(&mut buffers).unwrap() {
+            assert!(r.ahead.len() < r.depth, "{} pieces ahead", r.ahead.len());
+            got.extend_from_slice(&piece);
+        }
+        assert_eq!(got, input);
+        assert!(r.at_end(&mut buffers).unwrap());
+    }
+}
