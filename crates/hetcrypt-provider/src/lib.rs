@@ -32,8 +32,8 @@ pub mod route;
 use std::ffi::{c_int, c_void, CStr};
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 use openssl_provider_forge::bindings::{
     OSSL_ALGORITHM, OSSL_CORE_HANDLE, OSSL_DISPATCH, OSSL_FUNC_PROVIDER_GETTABLE_PARAMS,
@@ -89,18 +89,27 @@ impl Provider {
     }
 }
 
-/// The most recently loaded instance, for the entry points that get no context
-/// (algorithm-level parameters) and for reporting a caught panic.
-static GLOBAL: AtomicPtr<Provider> = AtomicPtr::new(std::ptr::null_mut());
+/// Every loaded instance, oldest first, as `Arc::into_raw` addresses that each own
+/// one count: the entry points that get no context (algorithm-level parameters) and
+/// the report of a caught panic use the newest. A list, not one pointer: a process can
+/// load us into several library contexts, and unloading the newest must leave the
+/// others answering (with one pointer, a fetch in one context failed with "cache
+/// constants failed" while another context was being torn down).
+static LIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// The current instance, if one is loaded.
+/// The list of live instances (a panic while it was held poisons nothing it guards:
+/// every change is one push or one removal).
+fn live() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The newest loaded instance, if one is loaded.
 pub fn global() -> Option<Arc<Provider>> {
-    let p = GLOBAL.load(Ordering::Acquire);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: GLOBAL holds a pointer from `Arc::into_raw` that owns one count until
-    // teardown swaps it out; we add a count for the caller.
+    let list = live();
+    let p = *list.last()? as *const Provider;
+    // SAFETY: LIVE holds pointers from `Arc::into_raw` that own one count until
+    // teardown removes them (under the same lock); we add a count for the caller.
     unsafe {
         Arc::increment_strong_count(p);
         Some(Arc::from_raw(p))
@@ -136,16 +145,13 @@ unsafe extern "C" fn teardown(provctx: *mut c_void) {
             return;
         }
         let p = provctx as *const Provider;
-        let was_global = GLOBAL
-            .compare_exchange(
-                p as *mut _,
-                std::ptr::null_mut(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
-        if was_global {
-            // SAFETY: GLOBAL's own count for this instance, just taken out of it.
+        let listed = {
+            let mut list = live();
+            let at = list.iter().position(|&q| q == p as usize);
+            at.map(|i| list.remove(i)).is_some()
+        };
+        if listed {
+            // SAFETY: LIVE's own count for this instance, just taken out of it.
             unsafe { Arc::decrement_strong_count(p) };
         }
         // SAFETY: the count `OSSL_provider_init` handed out with the context.
@@ -376,15 +382,10 @@ pub unsafe extern "C" fn OSSL_provider_init(
             }
         };
         let raw = Arc::into_raw(prov);
-        // One count for the provider context, one for GLOBAL.
+        // One count for the provider context, one for LIVE.
         // SAFETY: `raw` came from `Arc::into_raw` just above.
         unsafe { Arc::increment_strong_count(raw) };
-        let old = GLOBAL.swap(raw as *mut Provider, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: GLOBAL's count of an older instance still loaded elsewhere;
-            // that instance's own context keeps it alive.
-            unsafe { Arc::decrement_strong_count(old) };
-        }
+        live().push(raw as usize);
         // SAFETY: OpenSSL's out-pointers.
         unsafe {
             *out = PROVIDER_DISPATCH.0.as_ptr();

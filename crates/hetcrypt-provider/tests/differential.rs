@@ -511,3 +511,17 @@ fn preferring_the_provider_for_everything_does_not_recurse_and_counts_the_bytes(
         "the 100,000 bytes went through the provider: {stats}"
     );
 }
+
+/// A process may load the provider into several library contexts; unloading the
+/// newest leaves the others working. Algorithm-level parameters used to come from the
+/// newest instance only, so while it was gone a fetch in another context failed
+/// ("cache constants failed"): this suite's parallel tests hit it about 1 run in 10.
+#[test]
+fn unloading_one_context_leaves_the_others_working() {
+    let first = load();
+    let second = load();
+    drop(second);
+    let cipher = fetch(&first, "AES-256-CTR", "hetcrypt");
+    assert_eq!(cipher.key_length(), 32);
+    assert_eq!(cipher.iv_length(), 16);
+}
