@@ -273,14 +273,18 @@ impl<I> BlockSizeUser for Ctr<'_, I> {
 /// short messages of the batch: their counter blocks go into one buffer and through
 /// the AES together, so the rounds of different messages overlap in the pipeline. One
 /// by one, a 16-byte message waited out its block's ten dependent rounds alone (the
-/// largest part of a 16-byte job, issue 23).
+/// largest part of a 16-byte job, issue 23). A quarter of a [`GROUP`]: four 256-byte
+/// messages fill one pass of the VAES-512 backend's full width, where alone each went
+/// through the backend's one-block-at-a-time tail (issue 23's 256-byte row).
 const PACKED_MAX_BLOCKS: usize = 4;
 
 /// Most short messages one packed pass holds (a [`GROUP`] of blocks bounds it too).
 const PACKED_MESSAGES: usize = 16;
 
 /// A short message waiting for the packed keystream pass: where its counter blocks
-/// start in the buffer, its input and its output.
+/// start in the buffer, its input and its output (empty slices in an unused slot: no
+/// `Option` to test and take per message).
+#[derive(Default)]
 struct Packed<'a> {
     at: usize,
     input: &'a [u8],
@@ -290,7 +294,7 @@ struct Packed<'a> {
 impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
-        let mut packed: [Option<Packed<'a>>; PACKED_MESSAGES] = Default::default();
+        let mut packed: [Packed<'a>; PACKED_MESSAGES] = std::array::from_fn(|_| Packed::default());
         let (mut messages, mut blocks) = (0, 0);
         for message in self.messages {
             assert_eq!(
@@ -308,15 +312,18 @@ impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
                 ctr_message(backend, message, self.scratch);
                 continue;
             }
-            counter_blocks(
-                &mut self.scratch.counters[0][blocks..blocks + len],
-                u128::from_be_bytes(message.iv),
-            );
-            packed[messages] = Some(Packed {
+            let counter = u128::from_be_bytes(message.iv);
+            if len == 1 {
+                // The common short message (one block): one counter, no loop.
+                self.scratch.counters[0][blocks] = Block::from(message.iv);
+            } else {
+                counter_blocks(&mut self.scratch.counters[0][blocks..blocks + len], counter);
+            }
+            packed[messages] = Packed {
                 at: blocks,
                 input: message.input,
                 out: message.out,
-            });
+            };
             messages += 1;
             blocks += len;
         }
@@ -325,11 +332,11 @@ impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
 }
 
 /// Encrypts the first `blocks` counter blocks in one pass and XORs each packed
-/// message with its part of the keystream, emptying `packed`.
+/// message with its part of the keystream.
 #[inline(always)]
 fn flush_packed<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
     backend: &B,
-    packed: &mut [Option<Packed<'_>>],
+    packed: &mut [Packed<'_>],
     blocks: usize,
     scratch: &mut CtrScratch,
 ) {
@@ -341,12 +348,26 @@ fn flush_packed<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
         &scratch.counters[0][..blocks],
         &mut scratch.keystream[..blocks],
     );
-    let keystream = Block::slice_as_flattened(&scratch.keystream[..blocks]);
-    for slot in packed.iter_mut() {
-        if let Some(Packed { at, input, out }) = slot.take() {
-            let start = at * BLOCK_LEN;
-            xor_into(out, input, &keystream[start..start + input.len()]);
+    let keystream = &scratch.keystream[..blocks];
+    for Packed { at, input, out } in packed.iter_mut() {
+        xor_keystream(out, input, &keystream[*at..]);
+    }
+}
+
+/// `out = input ^ keystream` for a short message: whole blocks as fixed 16-byte XORs
+/// (one vector instruction each; a loop over a run-time length paid its set-up per
+/// message), then the partial last block byte-wise.
+#[inline(always)]
+fn xor_keystream(out: &mut [u8], input: &[u8], keystream: &[Block]) {
+    let (ins, in_tail) = Block::slice_as_chunks(input);
+    let (outs, out_tail) = Block::slice_as_chunks_mut(out);
+    for ((o, i), k) in outs.iter_mut().zip(ins).zip(keystream) {
+        for ((o, i), k) in o.iter_mut().zip(i.iter()).zip(k.iter()) {
+            *o = i ^ k;
         }
+    }
+    if let Some(k) = keystream.get(ins.len()) {
+        xor_into(out_tail, in_tail, k);
     }
 }
 
