@@ -354,21 +354,38 @@ fn flush_packed<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
     }
 }
 
-/// `out = input ^ keystream` for a short message: whole blocks as fixed 16-byte XORs
-/// (one vector instruction each; a loop over a run-time length paid its set-up per
-/// message), then the partial last block byte-wise.
+/// Bytes XORed as one piece by [`xor_keystream`]: four blocks, one AVX-512 vector
+/// (64-byte messages XORed block by block ran slower than as one piece).
+const XOR_WIDE: usize = 4 * BLOCK_LEN;
+
+/// `out = input ^ keystream` for a short message: four blocks, then single blocks,
+/// as fixed-size XORs (one vector instruction each; one loop over a run-time length
+/// paid its set-up per message), then the partial last block byte-wise.
 #[inline(always)]
 fn xor_keystream(out: &mut [u8], input: &[u8], keystream: &[Block]) {
-    let (ins, in_tail) = Block::slice_as_chunks(input);
-    let (outs, out_tail) = Block::slice_as_chunks_mut(out);
-    for ((o, i), k) in outs.iter_mut().zip(ins).zip(keystream) {
-        for ((o, i), k) in o.iter_mut().zip(i.iter()).zip(k.iter()) {
+    let keystream = &Block::slice_as_flattened(keystream)[..input.len()];
+    let (out, input, keystream) = xor_whole::<XOR_WIDE>(out, input, keystream);
+    let (out, input, keystream) = xor_whole::<BLOCK_LEN>(out, input, keystream);
+    xor_into(out, input, keystream);
+}
+
+/// `out = input ^ keystream` over the whole `N`-byte pieces of equally long slices;
+/// returns what is left of each.
+#[inline(always)]
+fn xor_whole<'o, 'i, const N: usize>(
+    out: &'o mut [u8],
+    input: &'i [u8],
+    keystream: &'i [u8],
+) -> (&'o mut [u8], &'i [u8], &'i [u8]) {
+    let (outs, out_rest) = out.as_chunks_mut::<N>();
+    let (ins, in_rest) = input.as_chunks::<N>();
+    let (keys, key_rest) = keystream.as_chunks::<N>();
+    for ((o, i), k) in outs.iter_mut().zip(ins).zip(keys) {
+        for ((o, i), k) in o.iter_mut().zip(i).zip(k) {
             *o = i ^ k;
         }
     }
-    if let Some(k) = keystream.get(ins.len()) {
-        xor_into(out_tail, in_tail, k);
-    }
+    (out_rest, in_rest, key_rest)
 }
 
 /// CTR over one message with `backend`.
