@@ -56,6 +56,42 @@ fn is_cbc_encrypt(job: &Job) -> bool {
     job.direction == Direction::Encrypt && matches!(job.cipher.mode, Mode::Cbc | Mode::CbcPkcs7)
 }
 
+/// Which implementation a [`select::Choice`] runs at each job size, as a copy.
+#[derive(Clone, Copy)]
+struct SizeRule {
+    small: Implementation,
+    large: Implementation,
+    crossover: usize,
+}
+
+impl SizeRule {
+    fn of(choice: &select::Choice) -> Self {
+        SizeRule {
+            small: choice.small,
+            large: choice.large,
+            crossover: choice.crossover,
+        }
+    }
+
+    /// [`select::Choice::uses_crate`].
+    #[inline]
+    fn uses_crate(self, len: usize) -> bool {
+        let implementation = if len < self.crossover {
+            self.small
+        } else {
+            self.large
+        };
+        implementation == Implementation::AesCrate
+    }
+}
+
+/// The group of a job for the `aes` crate's block-parallel path: jobs of one group
+/// (key, key size, and CTR or CBC decryption) share one backend call.
+#[inline]
+fn group_of(job: &Job) -> (KeyId, KeySize, bool) {
+    (job.key, job.cipher.key_size, job.cipher.mode == Mode::Ctr)
+}
+
 /// Who runs the work that is parallel over blocks or messages — CTR, CBC decryption
 /// and multi-buffer CBC encryption: the `aes` crate, or OpenSSL EVP one job at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -603,32 +639,44 @@ impl CpuLane {
                 return;
             }
         };
-        // `group` is in ascending order: walk it beside the outputs (a `contains` per
-        // output was quadratic in the batch width).
-        let mut wanted = group.iter().copied().peekable();
-        let messages = outs
-            .iter_mut()
-            .enumerate()
-            .filter(move |&(k, _)| wanted.next_if_eq(&k).is_some())
-            .map(|(k, out)| {
-                let job = jobs[k];
-                size_output(out, job.input.len());
-                parallel::Message {
-                    iv: job
-                        .iv()
-                        .try_into()
-                        .expect("validate() checked the IV length"),
-                    input: &job.input,
-                    out: &mut out.data,
-                }
-            });
-        if first.cipher.mode == Mode::Ctr {
-            let scratch = self
-                .ctr_scratch
-                .get_or_insert_with(parallel::CtrScratch::new);
-            parallel::ctr_messages(key, messages, scratch);
+        let ctr = first.cipher.mode == Mode::Ctr;
+        if group.len() == jobs.len() {
+            // Every job of the batch (the common case): positions need no matching.
+            let messages = jobs
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(&job, out)| message(job, out));
+            if ctr {
+                let scratch = self
+                    .ctr_scratch
+                    .get_or_insert_with(parallel::CtrScratch::new);
+                parallel::ctr_messages(key, messages, scratch);
+            } else {
+                parallel::cbc_decrypt_messages(key, messages);
+            }
         } else {
-            parallel::cbc_decrypt_messages(key, messages);
+            // `group` is in ascending order: walk it beside the outputs (a `contains`
+            // per output was quadratic in the batch width).
+            let mut wanted = group.iter().copied().peekable();
+            let messages = outs
+                .iter_mut()
+                .enumerate()
+                .filter(move |&(k, _)| wanted.next_if_eq(&k).is_some())
+                .map(|(k, out)| message(jobs[k], out));
+            if ctr {
+                let scratch = self
+                    .ctr_scratch
+                    .get_or_insert_with(parallel::CtrScratch::new);
+                parallel::ctr_messages(key, messages, scratch);
+            } else {
+                parallel::cbc_decrypt_messages(key, messages);
+            }
+        }
+        if ctr {
+            for &k in group {
+                results[k] = Ok(());
+            }
+            return;
         }
         for &k in group {
             results[k] = match jobs[k].cipher.mode {
@@ -692,6 +740,20 @@ impl CpuLane {
     }
 }
 
+/// A validated job's message for the block-parallel loops, its output sized to it.
+#[inline(always)]
+fn message<'a>(job: &'a Job, out: &'a mut JobOutput) -> parallel::Message<'a> {
+    size_output(out, job.input.len());
+    parallel::Message {
+        iv: job
+            .iv()
+            .try_into()
+            .expect("validate() checked the IV length"),
+        input: &job.input,
+        out: &mut out.data,
+    }
+}
+
 /// Checks and removes the PKCS#7 padding of a decrypted message of at least one block
 /// (validate() refuses empty ones), as EVP does: a bad pad is
 /// [`Error::AuthenticationFailed`] and leaves the output empty.
@@ -712,9 +774,13 @@ fn unpad(out: &mut JobOutput) -> Result<()> {
 
 /// Makes `out` a `len`-byte output with no tag, for a path that overwrites every byte:
 /// a fresh buffer is one zeroed allocation, a reused one is zeroed only where it grows.
+#[inline]
 fn size_output(out: &mut JobOutput, len: usize) {
     out.tag = None;
-    if out.data.capacity() < len {
+    if out.data.len() == len {
+        // A buffer reused at the same size (the common case of a batch of equal
+        // jobs): nothing to do.
+    } else if out.data.capacity() < len {
         out.data = vec![0; len];
     } else {
         out.data.truncate(len);
@@ -885,15 +951,46 @@ impl Lane for CpuLane {
         picked.clear();
         let mut ctr_picked = std::mem::take(&mut self.ctr_picked);
         ctr_picked.clear();
+        let lockstep = self.width.lockstep();
+        // The choice of the last (cipher, direction) seen: a batch is mostly of one
+        // kind, so it is looked up once per run of such jobs, not once per job.
+        // Copied out of the choice (no handle on the selection held across the loop's
+        // calls that borrow the lane: an `Arc` clone per batch cost more than this).
+        let mut last: Option<((Cipher, Direction), Option<SizeRule>)> = None;
+        // The group (see `group_of`) of the first job for the `aes` crate, and whether
+        // every later one is of the same group: then they need no sorting.
+        let mut first_group = None;
+        let mut one_group = true;
         for (k, job) in jobs.iter().enumerate() {
-            if self.width.lockstep() && is_cbc_encrypt(job) {
+            if lockstep && is_cbc_encrypt(job) {
                 match job.validate() {
                     Ok(()) => picked.push(k),
                     Err(e) => results[k] = Err(e),
                 }
-            } else if self.uses_crate(job) {
+                continue;
+            }
+            let pair = (job.cipher, job.direction);
+            let choice = match last {
+                Some((seen, choice)) if seen == pair => choice,
+                _ => {
+                    let choice = self
+                        .select
+                        .choice(job.cipher, job.direction)
+                        .map(SizeRule::of);
+                    last = Some((pair, choice));
+                    choice
+                }
+            };
+            if choice.is_some_and(|c| c.uses_crate(job.input.len())) {
                 match job.validate() {
-                    Ok(()) => ctr_picked.push(k),
+                    Ok(()) => {
+                        let group = group_of(job);
+                        match first_group {
+                            None => first_group = Some(group),
+                            Some(first) => one_group &= first == group,
+                        }
+                        ctr_picked.push(k);
+                    }
                     Err(e) => {
                         outs[k].data.clear();
                         outs[k].tag = None;
@@ -904,15 +1001,18 @@ impl Lane for CpuLane {
                 results[k] = self.run_one(job, keys, &mut outs[k]);
             }
         }
-        // CTR jobs, and CBC decryption jobs, under the same key (and key size) share
-        // one backend call.
-        let class = |k: usize| {
-            let job = jobs[k];
-            (job.key, job.cipher.key_size, job.cipher.mode == Mode::Ctr)
-        };
-        ctr_picked.sort_by_key(|&k| class(k));
-        for group in ctr_picked.chunk_by(|&a, &b| class(a) == class(b)) {
-            self.run_parallel_group(jobs, group, keys, outs, results);
+        if one_group {
+            // The common batch (one key, one cipher): one group as it stands.
+            if !ctr_picked.is_empty() {
+                self.run_parallel_group(jobs, &ctr_picked, keys, outs, results);
+            }
+        } else {
+            // CTR jobs, and CBC decryption jobs, under the same key (and key size)
+            // share one backend call.
+            ctr_picked.sort_by_key(|&k| group_of(jobs[k]));
+            for group in ctr_picked.chunk_by(|&a, &b| group_of(jobs[a]) == group_of(jobs[b])) {
+                self.run_parallel_group(jobs, group, keys, outs, results);
+            }
         }
         self.ctr_picked = ctr_picked;
         if picked.is_empty() {
@@ -1719,6 +1819,113 @@ mod tests {
     /// within a block, lengths from empty to past a 64-block group, every key size and
     /// both directions, give OpenSSL's one-shot output on every implementation (the
     /// `aes` crate, EVP, and the measured choice).
+    /// Runs `jobs` as one batch twice into the same outputs (the second time each
+    /// output is already the right length and holds a stale tag) and checks every
+    /// result against OpenSSL: the same bytes, or an error where OpenSSL refuses.
+    fn check_batch_twice(lane: &mut CpuLane, keys: &KeyStore, jobs: &[Job], key_of: &[&[u8]]) {
+        let refs: Vec<&Job> = jobs.iter().collect();
+        let mut outs = vec![JobOutput::default(); jobs.len()];
+        for round in 0..2 {
+            for out in &mut outs {
+                out.tag = Some([1; 16]);
+            }
+            let mut results: Vec<Result<()>> = (0..jobs.len()).map(|_| Ok(())).collect();
+            lane.run_batch(&refs, keys, &mut outs, &mut results);
+            for (k, job) in jobs.iter().enumerate() {
+                let what = format!(
+                    "round {round}, job {k}: {} {} {} bytes",
+                    job.cipher,
+                    job.direction,
+                    job.input.len()
+                );
+                match reference_any(job, key_of[k]) {
+                    Ok(expected) => {
+                        assert!(results[k].is_ok(), "{what}: {:?}", results[k]);
+                        assert_eq!(outs[k].data, expected, "{what}");
+                        assert_eq!(outs[k].tag, None, "{what}");
+                    }
+                    Err(_) => assert!(results[k].is_err(), "{what}"),
+                }
+            }
+        }
+    }
+
+    /// The batch path's short cuts (one group covering the whole batch with no
+    /// sorting, outputs reused at their length, one-block counters written directly,
+    /// block-wise XOR of short messages) and its sorted path (keys, key sizes, CTR,
+    /// CBC decryption and CBC encryption interleaved) give OpenSSL's bytes at every
+    /// short length, partial blocks and empty jobs included, and counters that wrap.
+    #[test]
+    fn batches_match_openssl_in_one_group_and_mixed() {
+        let keys = KeyStore::new();
+        let key_bytes = [bytes(21, 16), bytes(22, 32), bytes(23, 16)];
+        let ids: Vec<KeyId> = key_bytes
+            .iter()
+            .map(|k| keys.add(Key::new(k.clone())).unwrap())
+            .collect();
+        let lens = [
+            0usize, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 255, 256, 257, 1024,
+        ];
+        let iv = |k: usize| u128::MAX.wrapping_sub(k as u128 * 5).to_be_bytes();
+        let cbc_pkcs7 = Cipher::new(KeySize::Aes128, Mode::CbcPkcs7);
+        // (cipher, direction, key index)
+        let kinds = [
+            (Cipher::AES_128_CTR, Direction::Encrypt, 0),
+            (Cipher::AES_256_CTR, Direction::Decrypt, 1),
+            (Cipher::AES_128_CTR, Direction::Encrypt, 2),
+            (Cipher::AES_128_CBC, Direction::Decrypt, 0),
+            (cbc_pkcs7, Direction::Decrypt, 2),
+            (Cipher::AES_128_CBC, Direction::Encrypt, 0),
+            (Cipher::AES_128_CTR, Direction::Decrypt, 0),
+        ];
+        for parallel in [BlockParallel::On, BlockParallel::Auto] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            // One group: one key and cipher, a batch at each length, then a batch of
+            // every length.
+            let one_kind = |k: usize, len: usize| {
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    ids[0],
+                    iv(k),
+                    bytes(k, len),
+                )
+            };
+            for &len in &lens {
+                let jobs: Vec<Job> = (0..16).map(|k| one_kind(k, len)).collect();
+                check_batch_twice(&mut lane, &keys, &jobs, &[&key_bytes[0][..]; 16]);
+            }
+            let jobs: Vec<Job> = lens
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| one_kind(k, len))
+                .collect();
+            check_batch_twice(
+                &mut lane,
+                &keys,
+                &jobs,
+                &vec![&key_bytes[0][..]; jobs.len()],
+            );
+            // Mixed: every kind at every length, interleaved.
+            let mut jobs = Vec::new();
+            let mut key_of: Vec<&[u8]> = Vec::new();
+            for (k, &len) in lens.iter().enumerate() {
+                for (n, &(cipher, direction, key)) in kinds.iter().enumerate() {
+                    let seed = k * kinds.len() + n;
+                    let mut input = bytes(seed, len);
+                    if cipher.mode == Mode::CbcPkcs7 {
+                        // A valid padded ciphertext, so decryption succeeds.
+                        let plain = Job::new(cipher, Direction::Encrypt, ids[key], iv(seed), input);
+                        input = reference_any(&plain, &key_bytes[key]).unwrap();
+                    }
+                    jobs.push(Job::new(cipher, direction, ids[key], iv(seed), input));
+                    key_of.push(&key_bytes[key]);
+                }
+            }
+            check_batch_twice(&mut lane, &keys, &jobs, &key_of);
+        }
+    }
+
     #[test]
     fn raw_jobs_match_openssl_at_every_alignment() {
         let keys = KeyStore::new();

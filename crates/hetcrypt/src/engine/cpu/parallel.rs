@@ -273,14 +273,18 @@ impl<I> BlockSizeUser for Ctr<'_, I> {
 /// short messages of the batch: their counter blocks go into one buffer and through
 /// the AES together, so the rounds of different messages overlap in the pipeline. One
 /// by one, a 16-byte message waited out its block's ten dependent rounds alone (the
-/// largest part of a 16-byte job, issue 23).
+/// largest part of a 16-byte job, issue 23). A quarter of a [`GROUP`]: four 256-byte
+/// messages fill one pass of the VAES-512 backend's full width, where alone each went
+/// through the backend's one-block-at-a-time tail (issue 23's 256-byte row).
 const PACKED_MAX_BLOCKS: usize = 4;
 
 /// Most short messages one packed pass holds (a [`GROUP`] of blocks bounds it too).
 const PACKED_MESSAGES: usize = 16;
 
 /// A short message waiting for the packed keystream pass: where its counter blocks
-/// start in the buffer, its input and its output.
+/// start in the buffer, its input and its output (empty slices in an unused slot: no
+/// `Option` to test and take per message).
+#[derive(Default)]
 struct Packed<'a> {
     at: usize,
     input: &'a [u8],
@@ -290,7 +294,7 @@ struct Packed<'a> {
 impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
-        let mut packed: [Option<Packed<'a>>; PACKED_MESSAGES] = Default::default();
+        let mut packed: [Packed<'a>; PACKED_MESSAGES] = std::array::from_fn(|_| Packed::default());
         let (mut messages, mut blocks) = (0, 0);
         for message in self.messages {
             assert_eq!(
@@ -308,15 +312,18 @@ impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
                 ctr_message(backend, message, self.scratch);
                 continue;
             }
-            counter_blocks(
-                &mut self.scratch.counters[0][blocks..blocks + len],
-                u128::from_be_bytes(message.iv),
-            );
-            packed[messages] = Some(Packed {
+            let counter = u128::from_be_bytes(message.iv);
+            if len == 1 {
+                // The common short message (one block): one counter, no loop.
+                self.scratch.counters[0][blocks] = Block::from(message.iv);
+            } else {
+                counter_blocks(&mut self.scratch.counters[0][blocks..blocks + len], counter);
+            }
+            packed[messages] = Packed {
                 at: blocks,
                 input: message.input,
                 out: message.out,
-            });
+            };
             messages += 1;
             blocks += len;
         }
@@ -325,11 +332,11 @@ impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
 }
 
 /// Encrypts the first `blocks` counter blocks in one pass and XORs each packed
-/// message with its part of the keystream, emptying `packed`.
+/// message with its part of the keystream.
 #[inline(always)]
 fn flush_packed<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
     backend: &B,
-    packed: &mut [Option<Packed<'_>>],
+    packed: &mut [Packed<'_>],
     blocks: usize,
     scratch: &mut CtrScratch,
 ) {
@@ -341,13 +348,44 @@ fn flush_packed<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>>(
         &scratch.counters[0][..blocks],
         &mut scratch.keystream[..blocks],
     );
-    let keystream = Block::slice_as_flattened(&scratch.keystream[..blocks]);
-    for slot in packed.iter_mut() {
-        if let Some(Packed { at, input, out }) = slot.take() {
-            let start = at * BLOCK_LEN;
-            xor_into(out, input, &keystream[start..start + input.len()]);
+    let keystream = &scratch.keystream[..blocks];
+    for Packed { at, input, out } in packed.iter_mut() {
+        xor_keystream(out, input, &keystream[*at..]);
+    }
+}
+
+/// Bytes XORed as one piece by [`xor_keystream`]: four blocks, one AVX-512 vector
+/// (64-byte messages XORed block by block ran slower than as one piece).
+const XOR_WIDE: usize = 4 * BLOCK_LEN;
+
+/// `out = input ^ keystream` for a short message: four blocks, then single blocks,
+/// as fixed-size XORs (one vector instruction each; one loop over a run-time length
+/// paid its set-up per message), then the partial last block byte-wise.
+#[inline(always)]
+fn xor_keystream(out: &mut [u8], input: &[u8], keystream: &[Block]) {
+    let keystream = &Block::slice_as_flattened(keystream)[..input.len()];
+    let (out, input, keystream) = xor_whole::<XOR_WIDE>(out, input, keystream);
+    let (out, input, keystream) = xor_whole::<BLOCK_LEN>(out, input, keystream);
+    xor_into(out, input, keystream);
+}
+
+/// `out = input ^ keystream` over the whole `N`-byte pieces of equally long slices;
+/// returns what is left of each.
+#[inline(always)]
+fn xor_whole<'o, 'i, const N: usize>(
+    out: &'o mut [u8],
+    input: &'i [u8],
+    keystream: &'i [u8],
+) -> (&'o mut [u8], &'i [u8], &'i [u8]) {
+    let (outs, out_rest) = out.as_chunks_mut::<N>();
+    let (ins, in_rest) = input.as_chunks::<N>();
+    let (keys, key_rest) = keystream.as_chunks::<N>();
+    for ((o, i), k) in outs.iter_mut().zip(ins).zip(keys) {
+        for ((o, i), k) in o.iter_mut().zip(i).zip(k) {
+            *o = i ^ k;
         }
     }
+    (out_rest, in_rest, key_rest)
 }
 
 /// CTR over one message with `backend`.
