@@ -9,8 +9,7 @@ use std::io;
 
 use hetcrypt::policy::Pull;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
-    CHUNK_SIZE,
+    Aead, DecryptStream, EncryptStream, FormatError, OpenParams, Pipeline, SealParams, CHUNK_SIZE,
 };
 
 /// A small window, so that messages span several overlapped batches.
@@ -34,13 +33,7 @@ fn lengths() -> Vec<usize> {
     ]
 }
 
-struct Results<S>(Vec<(S, hetcrypt_format::Result<()>)>);
-
-impl<S> Observer<S> for Results<S> {
-    fn done(&mut self, s: S, r: hetcrypt_format::Result<()>) {
-        self.0.push((s, r));
-    }
-}
+use common::Keep as Results;
 
 /// Encrypts every message in one run (fixed salts, so runs can be compared byte for
 /// byte) and returns the ciphertexts in the order their streams finished.

@@ -10,8 +10,7 @@ use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
 use hetcrypt::policy::Pull;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
-    CHUNK_SIZE,
+    Aead, DecryptStream, EncryptStream, FormatError, OpenParams, Pipeline, SealParams, CHUNK_SIZE,
 };
 
 /// A writer that fails with "no space left" once `limit` bytes were written.
@@ -52,13 +51,7 @@ impl io::Read for BadSector<'_> {
     }
 }
 
-struct Results<S>(Vec<(S, hetcrypt_format::Result<()>)>);
-
-impl<S> Observer<S> for Results<S> {
-    fn done(&mut self, s: S, r: hetcrypt_format::Result<()>) {
-        self.0.push((s, r));
-    }
-}
+use common::Keep as Results;
 
 #[test]
 fn a_full_disk_fails_only_its_own_stream() {

@@ -11,8 +11,7 @@ use std::io::{self, ErrorKind, IoSliceMut, Read};
 use hetcrypt::policy::Pull;
 use hetcrypt_format::stream::MAX_READ_AHEAD;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FormatError, Observer, OpenParams, Pipeline, SealParams,
-    CHUNK_SIZE,
+    Aead, DecryptStream, EncryptStream, FormatError, OpenParams, Pipeline, SealParams, CHUNK_SIZE,
 };
 
 const KEY: [u8; 16] = [0x24; 16];
@@ -39,14 +38,7 @@ fn lengths() -> Vec<usize> {
     ]
 }
 
-/// Keeps every finished stream with its result, in order.
-struct Results<S>(Vec<(S, hetcrypt_format::Result<()>)>);
-
-impl<S> Observer<S> for Results<S> {
-    fn done(&mut self, stream: S, result: hetcrypt_format::Result<()>) {
-        self.0.push((stream, result));
-    }
-}
+use common::Keep as Results;
 
 /// A reader that hands out at most `most` bytes per call, vectored or not, spread over
 /// the buffers it is given; every third call is interrupted (a signal); after `fail_at`

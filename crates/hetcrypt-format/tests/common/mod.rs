@@ -36,7 +36,8 @@ pub fn configurations() -> Vec<(&'static str, Vec<EngineRef>, Box<dyn Policy>)> 
     ]
 }
 
-struct Keep<T>(Vec<(T, Result<(), FormatError>)>);
+/// Keeps every finished stream with its result, in the order they finished.
+pub struct Keep<T>(pub Vec<(T, Result<(), FormatError>)>);
 
 impl<T> Observer<T> for Keep<T> {
     fn done(&mut self, stream: T, result: Result<(), FormatError>) {

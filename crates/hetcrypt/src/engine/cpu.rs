@@ -1101,6 +1101,14 @@ mod tests {
         out
     }
 
+    /// Adds each key to `keys`; their ids, in order.
+    fn add_keys(keys: &KeyStore, key_bytes: &[Vec<u8>]) -> Vec<KeyId> {
+        key_bytes
+            .iter()
+            .map(|k| keys.add(Key::new(k.clone())).unwrap())
+            .collect()
+    }
+
     /// Deterministic filler so every job's bytes differ.
     fn bytes(seed: usize, len: usize) -> Vec<u8> {
         (0..len)
@@ -1136,10 +1144,7 @@ mod tests {
             vec![0x33; 32],
             vec![0x44; 16],
         ];
-        let ids: Vec<KeyId> = key_bytes
-            .iter()
-            .map(|k| keys.add(Key::new(k.clone())).unwrap())
-            .collect();
+        let ids = add_keys(&keys, &key_bytes);
         let sizes = [
             KeySize::Aes128,
             KeySize::Aes192,
@@ -1375,10 +1380,7 @@ mod tests {
     fn chained_cbc_matches_a_fresh_context_per_message() {
         let keys = KeyStore::new();
         let key_bytes = [vec![0x41; 16], vec![0x42; 32]];
-        let ids: Vec<KeyId> = key_bytes
-            .iter()
-            .map(|k| keys.add(Key::new(k.clone())).unwrap())
-            .collect();
+        let ids = add_keys(&keys, &key_bytes);
         let sizes = [KeySize::Aes128, KeySize::Aes256];
         let mut lane = CpuEngine::with_lanes(1).multibuffer(1).lane(0);
         let lengths = [16, 0, 1, 15, 16, 17, 31, 32, 33, 48, 1000, 0, 4096];
@@ -1515,10 +1517,7 @@ mod tests {
         let keys = KeyStore::new();
         let key_bytes = [bytes(1, 16), bytes(2, 24), bytes(3, 32)];
         let sizes = [KeySize::Aes128, KeySize::Aes192, KeySize::Aes256];
-        let ids: Vec<KeyId> = key_bytes
-            .iter()
-            .map(|k| keys.add(Key::new(k.clone())).unwrap())
-            .collect();
+        let ids = add_keys(&keys, &key_bytes);
         let lens = [
             0, 1, 15, 16, 17, 31, 127, 128, 129, 1023, 1024, 1025, 1040, 2048, 4099,
         ];
@@ -1859,10 +1858,7 @@ mod tests {
     fn batches_match_openssl_in_one_group_and_mixed() {
         let keys = KeyStore::new();
         let key_bytes = [bytes(21, 16), bytes(22, 32), bytes(23, 16)];
-        let ids: Vec<KeyId> = key_bytes
-            .iter()
-            .map(|k| keys.add(Key::new(k.clone())).unwrap())
-            .collect();
+        let ids = add_keys(&keys, &key_bytes);
         let lens = [
             0usize, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 255, 256, 257, 1024,
         ];
@@ -1930,10 +1926,7 @@ mod tests {
     fn raw_jobs_match_openssl_at_every_alignment() {
         let keys = KeyStore::new();
         let key_bytes = [bytes(11, 16), bytes(12, 24), bytes(13, 32)];
-        let ids: Vec<KeyId> = key_bytes
-            .iter()
-            .map(|k| keys.add(Key::new(k.clone())).unwrap())
-            .collect();
+        let ids = add_keys(&keys, &key_bytes);
         let lens = [0usize, 1, 15, 16, 17, 100, 1024, 1041, 4096 + 16];
         for parallel in [BlockParallel::On, BlockParallel::Off, BlockParallel::Auto] {
             let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
