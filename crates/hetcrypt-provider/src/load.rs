@@ -1,5 +1,5 @@
-//! How busy the machine's CPUs are (from `/proc/stat`), and a thread's own CPU time:
-//! what the router weighs a module call's cost by.
+//! How busy the machine's CPUs are (from `/proc/stat`): what the router weighs a
+//! module call's cost by.
 //!
 //! Written here rather than taken from a crate: the router needs one number (the share
 //! of all CPUs' time not idle since the last sample), read a few times a second from
@@ -80,23 +80,6 @@ impl LoadSampler {
     }
 }
 
-/// The calling thread's CPU time so far, in ns (0 if it cannot be read).
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs no
-    // other argument.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,15 +134,5 @@ mod tests {
         }
         let held = s.last.lock().unwrap().map(|(at, _)| at);
         assert_eq!(held, Some(t0 + PERIOD + Duration::from_millis(20)));
-    }
-
-    #[test]
-    fn a_thread_s_cpu_time_grows_with_its_work() {
-        let before = thread_cpu_ns();
-        let mut x = 0u64;
-        for i in 0..2_000_000u64 {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-        }
-        assert!(thread_cpu_ns() > before, "{x}");
     }
 }

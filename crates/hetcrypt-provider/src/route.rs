@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use hetcrypt::dispatch::thread_cpu_time;
 use hetcrypt::engine::{self, EngineRef, Lane, RawJob};
 use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
 use hetcrypt::{Direction, Key, KeyId, KeyStore};
 
 use crate::inner::OFFERED;
-use crate::load::{thread_cpu_ns, LoadSampler};
+use crate::load::LoadSampler;
 
 /// What the provider was told to do (openssl.cnf keys, overridden by environment).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -440,10 +441,10 @@ impl Router {
             input,
         };
         let started = Instant::now();
-        let cpu_started = thread_cpu_ns();
+        let cpu_started = thread_cpu_time();
         let result = module.run(&mut guard, &job, out);
         drop(guard);
-        let cpu_ns = thread_cpu_ns().saturating_sub(cpu_started);
+        let cpu_ns = thread_cpu_time().saturating_sub(cpu_started).as_nanos() as u64;
         let now = Instant::now();
         let ns = now.saturating_duration_since(started).as_nanos() as u64;
         self.sample_load(now);

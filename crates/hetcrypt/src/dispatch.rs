@@ -89,8 +89,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// CPU time used so far by the calling thread.
-fn thread_cpu_time() -> Duration {
+/// CPU time used so far by the calling thread (zero if the clock cannot be read):
+/// what lanes, the calibration and the OpenSSL provider time their own work by.
+pub fn thread_cpu_time() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .map(Duration::from)
         .unwrap_or_default()
@@ -1263,6 +1264,16 @@ impl Shared<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_s_cpu_time_grows_with_its_work() {
+        let before = thread_cpu_time();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        assert!(thread_cpu_time() > before, "{x}");
+    }
 
     /// A result that names its job, so the order can be checked.
     fn out(j: usize) -> Result<JobOutput> {

@@ -11,6 +11,7 @@ use super::{
     MixPoint, SizePoint, Unmeasured, FORMAT_VERSION,
 };
 use crate::cipher::{Cipher, Direction, KeySize, Mode};
+use crate::dispatch::thread_cpu_time;
 use crate::engine::{EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
@@ -752,13 +753,6 @@ fn time_point(
         cpu,
         jobs: u32::try_from(walls.len()).unwrap_or(u32::MAX),
     })
-}
-
-/// CPU time used so far by the calling thread.
-fn thread_cpu_time() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .map(Duration::from)
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
