@@ -17,6 +17,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::output::Grid;
 use crate::workload::{human_size, parse_cipher, EngineOpts, EngineSet};
 
+/// Debug builds only: time each point for this many microseconds instead of the
+/// library's 20 ms, so the CLI tests (which check what is stored, shown and read, not
+/// the figures: those are the library's tests) calibrate in milliseconds.
+const TEST_POINT_TIME_US: &str = "HETCRYPT_TEST_POINT_TIME_US";
+
 /// Arguments of `hetcrypt calibrate`.
 #[derive(clap::Args, Debug)]
 #[command(
@@ -100,6 +105,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.ciphers.is_empty() {
         settings.ciphers = args.ciphers.clone();
         settings.ciphers.dedup();
+    }
+    if cfg!(debug_assertions) {
+        if let Some(us) = std::env::var(TEST_POINT_TIME_US)
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            settings.point_time = std::time::Duration::from_micros(us);
+        }
     }
     let bar = progress(args.quiet);
     let cal = calibration::measure(&set.ready, &settings, &mut |p| {

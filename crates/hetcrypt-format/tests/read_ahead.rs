@@ -132,8 +132,10 @@ fn seal_all(messages: &[Vec<u8>], depth: usize, most: usize, window: usize) -> V
         .collect()
 }
 
-#[test]
-fn reading_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
+/// Encrypting with `depth` chunks read ahead gives the ciphertext that reading one
+/// chunk at a time gives, for every length, bytes per read and window. One test per
+/// depth, so the harness runs them side by side.
+fn same_ciphertext_reading_ahead(depth: usize) {
     let messages: Vec<Vec<u8>> = lengths()
         .into_iter()
         .enumerate()
@@ -144,20 +146,43 @@ fn reading_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
         .iter()
         .map(|m| common::seal(&common::cpu(), &Pull, &KEY, params(), m, 4).unwrap())
         .collect();
-    for depth in [1, 2, 3, MAX_READ_AHEAD, 1000] {
-        for most in [usize::MAX, CHUNK_SIZE + 1, 1000] {
-            for window in [1, 5, 256] {
-                let got = seal_all(&messages, depth, most, window);
-                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-                    assert!(
-                        g == e,
-                        "message {i} ({} bytes): depth {depth}, {most} bytes per read, window {window}",
-                        messages[i].len()
-                    );
-                }
+    for most in [usize::MAX, CHUNK_SIZE + 1, 1000] {
+        for window in [1, 5, 256] {
+            let got = seal_all(&messages, depth, most, window);
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                assert!(
+                    g == e,
+                    "message {i} ({} bytes): depth {depth}, {most} bytes per read, window {window}",
+                    messages[i].len()
+                );
             }
         }
     }
+}
+
+#[test]
+fn reading_one_chunk_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
+    same_ciphertext_reading_ahead(1);
+}
+
+#[test]
+fn reading_two_chunks_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
+    same_ciphertext_reading_ahead(2);
+}
+
+#[test]
+fn reading_three_chunks_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
+    same_ciphertext_reading_ahead(3);
+}
+
+#[test]
+fn reading_the_most_chunks_ahead_gives_the_same_ciphertext_at_every_chunk_boundary() {
+    same_ciphertext_reading_ahead(MAX_READ_AHEAD);
+}
+
+#[test]
+fn asking_beyond_the_most_gives_the_same_ciphertext_at_every_chunk_boundary() {
+    same_ciphertext_reading_ahead(1000);
 }
 
 /// Decrypts `ct` reading `depth` chunks ahead through an awkward reader.
@@ -179,29 +204,44 @@ fn open(ct: &[u8], depth: usize, most: usize, window: usize) -> (Vec<u8>, Result
     (stream.into_parts().1, result.map_err(|e| e.to_string()))
 }
 
-#[test]
-fn decrypting_ahead_gives_the_same_plaintext_and_the_same_failures() {
+/// Decrypting with `depth` chunks read ahead gives the same plaintext, and on a
+/// ciphertext one byte short or long the same failure, as reading one chunk at a time.
+/// One test per depth, so the harness runs them side by side.
+fn same_plaintext_and_failures_reading_ahead(depth: usize) {
     for (i, len) in lengths().into_iter().enumerate() {
         let pt = common::pattern(len, i as u64 + 100);
         let ct = common::seal(&common::cpu(), &Pull, &KEY, params(), &pt, 4).unwrap();
-        for depth in [1, 2, MAX_READ_AHEAD] {
-            for (most, window) in [(usize::MAX, 256), (1000, 3)] {
-                let (got, result) = open(&ct, depth, most, window);
-                assert_eq!(result, Ok(()), "{len} bytes, depth {depth}");
-                assert!(got == pt, "{len} bytes, depth {depth}: plaintext differs");
-                // One byte short, or one byte more.
-                let cuts = [ct.len() - 1, ct.len() + 1];
-                for cut in cuts {
-                    let mut bad = ct.clone();
-                    bad.resize(cut, 0);
-                    let one = open(&bad, 1, usize::MAX, 256).1;
-                    let ahead = open(&bad, depth, most, window).1;
-                    assert!(one.is_err(), "{len} bytes cut to {cut}: accepted");
-                    assert_eq!(ahead, one, "{len} bytes cut to {cut}, depth {depth}");
-                }
+        for (most, window) in [(usize::MAX, 256), (1000, 3)] {
+            let (got, result) = open(&ct, depth, most, window);
+            assert_eq!(result, Ok(()), "{len} bytes, depth {depth}");
+            assert!(got == pt, "{len} bytes, depth {depth}: plaintext differs");
+            // One byte short, or one byte more.
+            let cuts = [ct.len() - 1, ct.len() + 1];
+            for cut in cuts {
+                let mut bad = ct.clone();
+                bad.resize(cut, 0);
+                let one = open(&bad, 1, usize::MAX, 256).1;
+                let ahead = open(&bad, depth, most, window).1;
+                assert!(one.is_err(), "{len} bytes cut to {cut}: accepted");
+                assert_eq!(ahead, one, "{len} bytes cut to {cut}, depth {depth}");
             }
         }
     }
+}
+
+#[test]
+fn decrypting_one_chunk_ahead_gives_the_same_plaintext_and_the_same_failures() {
+    same_plaintext_and_failures_reading_ahead(1);
+}
+
+#[test]
+fn decrypting_two_chunks_ahead_gives_the_same_plaintext_and_the_same_failures() {
+    same_plaintext_and_failures_reading_ahead(2);
+}
+
+#[test]
+fn decrypting_the_most_chunks_ahead_gives_the_same_plaintext_and_the_same_failures() {
+    same_plaintext_and_failures_reading_ahead(MAX_READ_AHEAD);
 }
 
 #[test]

@@ -40,13 +40,29 @@ fn many_decryptions_on_one_dispatcher_leave_no_key_behind() {
     let key = [6u8; 32];
     let n = 300;
     let pts: Vec<Vec<u8>> = (0..n).map(|i| common::pattern(i % 50, i as u64)).collect();
-    let cts: Vec<Vec<u8>> = pts
-        .iter()
-        .map(|pt| {
-            let params = SealParams::new(Aead::Aes128CbcHmacSha256);
-            common::seal(&common::cpu(), &Pull, &key, params, pt, 4).unwrap()
+    // Sealed in one pipeline run (one dispatcher, not 300): streams finish in order.
+    let seals = pts.iter().map(|pt| {
+        EncryptStream::new(
+            &pt[..],
+            Vec::new(),
+            &key,
+            SealParams::new(Aead::Aes128CbcHmacSha256),
+        )
+    });
+    let mut sealed = Results(Vec::new());
+    Pipeline::new(common::cpu(), &Pull)
+        .unwrap()
+        .run(seals, &mut sealed)
+        .unwrap();
+    let cts: Vec<Vec<u8>> = sealed
+        .0
+        .into_iter()
+        .map(|(stream, result)| {
+            result.unwrap();
+            stream.into_parts().1
         })
         .collect();
+    assert_eq!(cts.len(), n);
     let streams = cts
         .iter()
         .map(|ct| DecryptStream::new(&ct[..], Vec::new(), &key, OpenParams::Hetcrypt));

@@ -506,8 +506,8 @@ fn cbc_encrypt_batch(salt: u64, n: usize) -> Vec<Case> {
         .collect()
 }
 
-#[test]
-fn many_cbc_encryptions_of_mixed_lengths() {
+/// The CBC encryptions of mixed lengths with a drop-out among them.
+fn mixed_cbc_encryptions() -> Vec<Case> {
     let mut cases = cbc_encrypt_batch(0x03, scaled(400));
     // One long chain among empty and one-block ones, in both orders.
     let mut rng = rng(0x33);
@@ -525,8 +525,18 @@ fn many_cbc_encryptions_of_mixed_lengths() {
             format!("drop-out job {i} ({blocks} blocks)"),
         ));
     }
-    check_on_every_engine("cbc encryptions", &cases);
-    check_under_every_policy("cbc encryptions", &cases, None);
+    cases
+}
+
+// The engines and the policies are two tests, so the harness runs them side by side.
+#[test]
+fn many_cbc_encryptions_of_mixed_lengths_on_every_engine() {
+    check_on_every_engine("cbc encryptions", &mixed_cbc_encryptions());
+}
+
+#[test]
+fn many_cbc_encryptions_of_mixed_lengths_under_every_policy() {
+    check_under_every_policy("cbc encryptions", &mixed_cbc_encryptions(), None);
 }
 
 /// Jobs every engine must refuse, each with the typed error it must give.
@@ -618,12 +628,23 @@ fn bad_cases() -> Vec<Case> {
 }
 
 /// Bad jobs alone, then mixed in among good CBC encryptions (so a multi-buffer lane
-/// meets them inside a batch): the same typed error on every engine and under every
-/// policy, and the good jobs around them unharmed.
+/// meets them inside a batch): the same typed error on every engine (here) and under
+/// every policy (the next test), and the good jobs around them unharmed.
 #[test]
-fn bad_jobs_fail_alike_everywhere() {
+fn bad_jobs_fail_alike_on_every_engine() {
+    check_on_every_engine("bad jobs", &bad_cases());
+    check_on_every_engine("bad jobs among good ones", &bad_among_good());
+}
+
+// A test of its own, so the harness runs it beside the engines' one.
+#[test]
+fn bad_jobs_fail_alike_under_every_policy() {
+    check_under_every_policy("bad jobs among good ones", &bad_among_good(), None);
+}
+
+/// The bad jobs, each after three good CBC encryptions.
+fn bad_among_good() -> Vec<Case> {
     let bad = bad_cases();
-    check_on_every_engine("bad jobs", &bad);
     let good = cbc_encrypt_batch(0x04, bad.len() * 3);
     let mut mixed = Vec::new();
     for (i, good) in good.into_iter().enumerate() {
@@ -632,8 +653,7 @@ fn bad_jobs_fail_alike_everywhere() {
             mixed.push(bad[i / 3].clone());
         }
     }
-    check_on_every_engine("bad jobs among good ones", &mixed);
-    check_under_every_policy("bad jobs among good ones", &mixed, None);
+    mixed
 }
 
 /// `Job::validate`, the checks every engine runs first, as a table.
