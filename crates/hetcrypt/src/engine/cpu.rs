@@ -1971,6 +1971,124 @@ mod tests {
         }
     }
 
+    /// The short-message CTR path (messages of up to four blocks straight from the IV
+    /// in registers) and the longer one, in lane batches as wide as a pull
+    /// ([`BLOCK_PARALLEL_BATCH`]) and one wider: every length from 0 to 80 bytes
+    /// (each side of one to five blocks, the short path's 64-byte bound) and around
+    /// 256 and 1024 bytes, IVs a few blocks below the 2^32, 2^64 and 2^128 counter
+    /// boundaries (so a short message's counters carry or wrap inside it), in one
+    /// group and mixed with other keys, key sizes and CBC decryption, give OpenSSL's
+    /// bytes.
+    #[test]
+    fn pull_wide_batches_match_openssl_at_every_short_length() {
+        let keys = KeyStore::new();
+        let key_bytes = [bytes(41, 16), bytes(42, 24), bytes(43, 32)];
+        let ids = add_keys(&keys, &key_bytes);
+        let lens: Vec<usize> = (0..=80).chain([255, 256, 257, 1023, 1024, 1025]).collect();
+        // Counter blocks 1 to 4 below a boundary: a 2..5-block message crosses it.
+        let iv = |k: usize| {
+            let boundary = [1u128 << 32, 1u128 << 64, 0][k % 3];
+            boundary.wrapping_sub(1 + (k % 4) as u128).to_be_bytes()
+        };
+        for parallel in [BlockParallel::On, BlockParallel::Auto] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for &len in &lens {
+                for width in [BLOCK_PARALLEL_BATCH, BLOCK_PARALLEL_BATCH + 1] {
+                    let jobs: Vec<Job> = (0..width)
+                        .map(|k| {
+                            Job::new(
+                                Cipher::AES_128_CTR,
+                                Direction::Encrypt,
+                                ids[0],
+                                iv(k),
+                                bytes(k + len, len),
+                            )
+                        })
+                        .collect();
+                    check_batch_twice(&mut lane, &keys, &jobs, &vec![&key_bytes[0][..]; width]);
+                }
+            }
+            // Mixed: key sizes, directions and CBC decryption interleaved, every
+            // length, in pull-wide batches.
+            let kinds = [
+                (KeySize::Aes128, Mode::Ctr, Direction::Encrypt, 0),
+                (KeySize::Aes192, Mode::Ctr, Direction::Decrypt, 1),
+                (KeySize::Aes256, Mode::Ctr, Direction::Encrypt, 2),
+                (KeySize::Aes128, Mode::Cbc, Direction::Decrypt, 0),
+                (KeySize::Aes256, Mode::Cbc, Direction::Decrypt, 2),
+            ];
+            let mut jobs = Vec::new();
+            let mut key_of: Vec<&[u8]> = Vec::new();
+            for (k, &len) in lens.iter().enumerate() {
+                let (size, mode, direction, key) = kinds[k % kinds.len()];
+                let len = if mode == Mode::Cbc {
+                    len.div_ceil(BLOCK_LEN) * BLOCK_LEN
+                } else {
+                    len
+                };
+                jobs.push(Job::new(
+                    Cipher::new(size, mode),
+                    direction,
+                    ids[key],
+                    iv(k),
+                    bytes(k, len),
+                ));
+                key_of.push(&key_bytes[key]);
+            }
+            for (jobs, key_of) in jobs
+                .chunks(BLOCK_PARALLEL_BATCH)
+                .zip(key_of.chunks(BLOCK_PARALLEL_BATCH))
+            {
+                check_batch_twice(&mut lane, &keys, jobs, key_of);
+            }
+        }
+    }
+
+    /// The same shapes through a dispatcher with one in-line `cpu` lane
+    /// (`run_into`, pulls of [`BLOCK_PARALLEL_BATCH`]), its outputs reused from the
+    /// batch before: every job's output is OpenSSL's, in job order.
+    #[test]
+    fn dispatcher_pulls_match_openssl_at_every_short_length() {
+        use crate::policy::Only;
+        use crate::Dispatcher;
+        let key_bytes = [bytes(51, 16), bytes(52, 32)];
+        let dispatcher =
+            Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine()]).expect("one engine");
+        let ids: Vec<KeyId> = key_bytes
+            .iter()
+            .map(|k| dispatcher.add_key(Key::new(k.clone())).unwrap())
+            .collect();
+        let lens: Vec<usize> = (0..=80).chain(1000..=1030).collect();
+        let jobs: Vec<Job> = (0..3 * BLOCK_PARALLEL_BATCH + 5)
+            .map(|k| {
+                let len = lens[k % lens.len()];
+                let (cipher, key) = match k % 3 {
+                    0 | 1 => (Cipher::AES_128_CTR, 0),
+                    _ => (Cipher::AES_256_CTR, 1),
+                };
+                let iv = u128::MAX.wrapping_sub((k % 6) as u128).to_be_bytes();
+                Job::new(cipher, Direction::Encrypt, ids[key], iv, bytes(k, len))
+            })
+            .collect();
+        let mut outputs = Vec::new();
+        for round in 0..2 {
+            dispatcher
+                .run_into(&jobs, &Only::new("cpu"), &mut outputs)
+                .expect("the batch plans");
+            assert_eq!(outputs.len(), jobs.len());
+            for (k, (job, out)) in jobs.iter().zip(&outputs).enumerate() {
+                let key = &key_bytes[usize::from(job.cipher.key_size == KeySize::Aes256)];
+                let out = out.as_ref().expect("CTR jobs succeed");
+                assert_eq!(
+                    out.data,
+                    reference_any(job, key).unwrap(),
+                    "round {round}, job {k}, {} bytes",
+                    job.input.len()
+                );
+            }
+        }
+    }
+
     #[test]
     fn raw_jobs_match_openssl_at_every_alignment() {
         let keys = KeyStore::new();
