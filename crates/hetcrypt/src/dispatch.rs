@@ -238,16 +238,27 @@ impl Dispatcher {
         // asked once per run. A removed key's contexts may still sit in a lane's cache;
         // its jobs must fail all the same.
         let mut known_key: Option<KeyId> = None;
+        // The last pair seen and its index: runs of jobs share a pair too, so the
+        // list is searched once per run (the search per job was a tenth of a
+        // 16-byte CTR job's planning).
+        let mut last_pair: Option<((Cipher, Direction), usize)> = None;
         let metas: Vec<JobMeta> = jobs
             .iter()
             .enumerate()
             .map(|(i, job)| {
                 let pair = (job.cipher, job.direction);
-                let k = match support.iter().position(|s| s.pair == pair) {
-                    Some(k) => k,
-                    None => {
-                        support.push(Support::of(&self.engines, pair));
-                        support.len() - 1
+                let k = match last_pair {
+                    Some((seen, k)) if seen == pair => k,
+                    _ => {
+                        let k = match support.iter().position(|s| s.pair == pair) {
+                            Some(k) => k,
+                            None => {
+                                support.push(Support::of(&self.engines, pair));
+                                support.len() - 1
+                            }
+                        };
+                        last_pair = Some((pair, k));
+                        k
                     }
                 };
                 let known = &support[k];
