@@ -1262,6 +1262,74 @@ mod tests {
         assert_eq!(samples(&clear), [model::WINDOW; 2]);
     }
 
+    /// The store's fit errors widen the margin of a tie: a module 1.35x slower than
+    /// the cpu at 1 KiB is a tie when both fits are 20% off the measured point there,
+    /// no tie when they are exact; a module 1.5x slower is no tie either way.
+    #[test]
+    fn the_stores_fit_errors_widen_a_near_tie() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([1024; 200]);
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let tied = |slower: f64, error: f64| {
+            let mut cal = crate::calibration::tests::cpu_and_module();
+            // One lane each, costs per job at 1 KiB (padded to 1040 B): cpu 100 µs.
+            let cpu = 100e-6 / 1040.0;
+            cal.engines[0].classes[0] = crate::calibration::tests::class(c, d, 0.0, cpu, 1.0);
+            cal.engines[1].classes[0] =
+                crate::calibration::tests::class(c, d, 0.0, cpu * slower, 1.0);
+            for engine in &mut cal.engines {
+                for point in &mut engine.classes[0].points {
+                    point.wall *= 1.0 + error;
+                }
+            }
+            let policy = Adaptive::seeded(Arc::new(cal));
+            schedule(&policy, &jobs, &engines, &lanes, 1).tied[0]
+        };
+        assert!(tied(1.35, 0.2));
+        assert!(!tied(1.35, 0.0));
+        assert!(!tied(1.5, 0.2));
+    }
+
+    /// The leader is a working engine with a positive cost: none while the only
+    /// estimate is of zero time or of an engine that failed.
+    #[test]
+    fn the_leader_is_a_working_engine_with_a_positive_cost() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([1024; 10]);
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 1);
+        assert_eq!(s.leader(0), usize::MAX, "nothing known");
+        let since = Instant::now();
+        let pull = Pull {
+            key: 0,
+            jobs: 1,
+            since,
+            full: true,
+            bound: false,
+        };
+        // Two pulls of no time: a usable estimate of zero.
+        s.book(1, pull, since);
+        s.book(1, pull, since);
+        assert_eq!(s.estimates[s.slot(1, 0)].cost().map(|c| c.wall), Some(0.0));
+        assert_eq!(s.leader(0), usize::MAX, "a zero cost leads nothing");
+        s.book(1, pull, since + Duration::from_micros(100));
+        assert_eq!(s.leader(0), 1);
+        assert_eq!(s.engine_failed(1), Vec::<usize>::new());
+        assert_eq!(s.leader(0), usize::MAX, "a failed engine leads nothing");
+    }
+
+    /// An engine that failed before the lanes start is not started for a near tie: the
+    /// batch is the other engine's alone.
+    #[test]
+    fn a_failed_engine_is_not_started_for_a_near_tie() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([1024; 200]);
+        let mut s = schedule(&seeded_near_tie(), &jobs, &engines, &lanes, 1);
+        assert!(s.tied[0]);
+        s.alive[1].store(0, Ordering::Release);
+        s.leave_out_idle_engines();
+        assert_eq!((s.engines_needed(), s.sole), (EngineMask(0b01), Some(0)));
+    }
+
     /// At a near tie, the batch's own samples decide: the module's slow first pulls
     /// make the cpu the faster engine, which wakes the waiting lanes (an event); a
     /// sample that changes nothing is no event.
