@@ -1660,7 +1660,12 @@ mod tests {
             )
         };
         assert_eq!(segment(), (1, 2, false));
-        let mut pulls = 1;
+        // The large class: a full pull, then the last job alone, a partial segment.
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(segment(), (1, 2, false));
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(segment(), (1, 1, true));
+        let mut pulls = 3;
         while s.next(0, 2, &mut out) {
             pulls += 1;
             assert!(pulls <= jobs.len(), "a pull that took nothing: {out:?}");
@@ -1713,6 +1718,36 @@ mod tests {
             "the batch's last segment is booked at its end"
         );
         assert_eq!(s.starts[0].load(Ordering::Relaxed), 4);
+    }
+
+    /// A segment runs from its first pull's start to the call after its last pull:
+    /// the lane's time between its calls is booked, at least what it slept.
+    #[test]
+    fn a_segment_is_timed_from_its_first_pull() {
+        let (engines, lanes) = cpu_and_kernel();
+        let segment = SOLE_SEGMENT as usize;
+        let jobs = cbc_jobs(vec![64; segment + segment / 2]);
+        let mut s = schedule(&Adaptive::new(), &jobs, &engines[..1], &lanes[..1], 1);
+        s.leave_out_idle_engines();
+        let pause = Duration::from_micros(200);
+        let mut out = Vec::new();
+        assert!(s.next(0, 1, &mut out));
+        let since = s.runs[0].since.load(Ordering::Relaxed);
+        std::thread::sleep(pause);
+        assert!(s.next(0, 1, &mut out));
+        assert_eq!(s.runs[0].since.load(Ordering::Relaxed), since);
+        loop {
+            std::thread::sleep(pause);
+            if !s.next(0, 1, &mut out) {
+                break;
+            }
+        }
+        assert_eq!(out.len(), jobs.len());
+        let wall = s.estimates[s.slot(0, 0)].cost().map(|c| c.wall);
+        assert!(
+            wall.is_some_and(|w| w >= pause.as_secs_f64()),
+            "{wall:?} a job, sleeping {pause:?} a pull"
+        );
     }
 
     /// A segment is one sample of its wall time over its jobs; one with a pull that got
