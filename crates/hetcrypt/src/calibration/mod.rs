@@ -298,40 +298,7 @@ impl Calibration {
     }
 }
 
-impl Calibration {
-    /// How far the fit behind [`Calibration::cost`] is from what was measured, as a
-    /// fraction of the fit: at the probe size nearest `len`, |measured - fitted| /
-    /// fitted (see [`ClassCalibration::fit_error`]). `None` if the engine was not
-    /// measured for this cipher and direction.
-    pub fn fit_error(
-        &self,
-        engine: &str,
-        cipher: Cipher,
-        direction: Direction,
-        len: usize,
-    ) -> Option<f64> {
-        let class = self.class(engine, cipher, direction)?;
-        Some(class.fit_error(padded_len(cipher, direction, len)))
-    }
-}
-
 impl ClassCalibration {
-    /// How far the fit is from the measured wall time at the probe size nearest `len`,
-    /// as a fraction of the fit (0 without a measured point or a positive fit there).
-    pub fn fit_error(&self, len: usize) -> f64 {
-        self.points
-            .iter()
-            .min_by_key(|p| p.len.abs_diff(len))
-            .map_or(0.0, |p| {
-                let fitted = self.seconds(p.len);
-                if fitted > 0.0 {
-                    (p.wall - fitted).abs() / fitted
-                } else {
-                    0.0
-                }
-            })
-    }
-
     /// The fitted seconds of one request of `len` bytes on one lane.
     pub fn seconds(&self, len: usize) -> f64 {
         self.fixed + self.per_byte * len as f64
@@ -514,36 +481,6 @@ pub(crate) mod tests {
         let (fixed, per_byte) = fit(&[(16, 1e-9), (65536, 1e-3)]);
         assert!(fixed >= 0.0 && per_byte > 0.0);
         assert_eq!(fit(&[]), (0.0, 0.0));
-    }
-
-    /// The fit's error is read at the probe size nearest the length asked, relative to
-    /// the fit, whichever side the measurement fell on.
-    #[test]
-    fn fit_error_is_the_nearest_points_distance_from_the_fit() {
-        let mut cal = cpu_and_module();
-        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
-        assert_eq!(cal.fit_error("kernel", c, d, 1000), Some(0.0));
-        let class = &mut cal.engines[1].classes[0];
-        let (at_1k, at_4k) = (class.seconds(1024), class.seconds(4096));
-        for point in &mut class.points {
-            if point.len == 1024 {
-                point.wall = at_1k * 1.2;
-            }
-            if point.len == 4096 {
-                point.wall = at_4k * 0.9;
-            }
-        }
-        let error = |len| cal.fit_error("kernel", c, d, len).expect("measured");
-        assert!((error(1000) - 0.2).abs() < 1e-9, "{}", error(1000));
-        assert!((error(3000) - 0.1).abs() < 1e-9, "{}", error(3000));
-        assert_eq!(error(64), 0.0);
-        assert_eq!(cal.fit_error("kernel", Cipher::AES_256_CBC, d, 1024), None);
-        let mut flat = cal.engines[1].classes[0].clone();
-        flat.fixed = 0.0;
-        flat.per_byte = 0.0;
-        assert_eq!(flat.fit_error(1024), 0.0, "no positive fit: no error");
-        flat.points.clear();
-        assert_eq!(flat.fit_error(1024), 0.0, "no point: no error");
     }
 
     #[test]

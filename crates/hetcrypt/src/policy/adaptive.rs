@@ -10,13 +10,6 @@
 //! calibration ([`Adaptive::seeded`]) the first batch starts from the stored costs and
 //! mix gains, so it places its first job right.
 //!
-//! **Near ties.** Where the store's costs of the two fastest engines for a class are
-//! within [`NEAR_TIE`] of each other, the store cannot say which one a batch should go
-//! to. The first batch of such a class starts both engines' lanes and holds the stored
-//! costs only tentatively: it begins on the store's favourite, and when its own samples
-//! make the other engine the faster one, the lanes switch (the waiting ones are woken).
-//! Clear wins are routed by the store from the first job, as before.
-//!
 //! **Timing.** The schedule times the pulls itself instead of asking the dispatcher
 //! ([`Schedule::wants_timing`] is false): a lane calls [`Schedule::next`] on its own
 //! thread when it has finished its previous jobs, so the time from one `next` returning
@@ -41,7 +34,7 @@
 
 pub mod model;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,18 +51,6 @@ use crate::error::Result;
 /// wake it anyway). Long, because on a one-core board every wake-up takes the core from
 /// the lanes doing the work.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
-
-/// Two engines' stored costs for a class are a *near tie* when the faster one's rate
-/// (lanes per second of job time) is within this fraction of the other's, or within
-/// the store's own fit errors at that size where those are larger. The store then
-/// cannot tell which engine a batch should go to: in the soft guest at 1 KiB the store
-/// had the CPU ahead while the module ran the bench's first round faster in 5 of 6
-/// boots, and one engine's rounds on identical schedules spread by ±15%
-/// (docs/results.md). Its first batch therefore starts both engines' lanes and holds
-/// the stored costs only tentatively ([`Estimate::tentative`]), so that the batch's
-/// own samples move it to the faster side within a few pulls; clear wins (the module
-/// at 4 KiB, 2.5x; the CPU at 256 B, 3x) are routed by the store from the first job.
-pub const NEAR_TIE: f64 = 0.25;
 
 /// On a streak or in a sole batch, one pull in this many is timed and booked: the
 /// engine's estimate still follows load changes, and the other pulls skip two clock
@@ -102,9 +83,6 @@ struct Knowledge {
     /// finds its estimates without building owned keys.
     engines: Vec<(String, usize, u32)>,
     costs: HashMap<ModelKey, Estimate>,
-    /// The estimates that hold a sample of this policy's own (the others, if any, are
-    /// the calibration's as stored).
-    confirmed: HashSet<ModelKey>,
     /// The calibration of this machine, if the policy was given one.
     seed: Option<Arc<Calibration>>,
 }
@@ -129,16 +107,6 @@ impl Knowledge {
         seeded
     }
 
-    /// How far the calibration's fit for engine `id` on a class is from what it
-    /// measured, as a fraction (0 when it has no such class).
-    fn fit_error(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> f64 {
-        let len = model::bucket_floor(b);
-        self.seed
-            .as_ref()
-            .and_then(|cal| cal.fit_error(&self.engines[id].0, cipher, direction, len))
-            .unwrap_or(0.0)
-    }
-
     /// The calibration's mix gain for engine `id` on a class (see [`model::MIX_GAIN`]).
     fn gain(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
         let len = model::bucket_floor(b);
@@ -160,31 +128,6 @@ impl Knowledge {
                 self.engines.len() - 1
             }
         }
-    }
-}
-
-/// One engine's rate on a class as [`near_tie`] weighs it.
-#[derive(Clone, Copy, Debug)]
-struct Rate {
-    /// Lanes per second of job time.
-    rate: f64,
-    /// Whether the cost behind it is the store's alone (no sample of the policy's own).
-    stored: bool,
-    /// The store's fit error there (see [`Calibration::fit_error`]).
-    error: f64,
-}
-
-/// Whether the two fastest engines of a class are a near tie that only the store
-/// vouches for: both costs the store's alone, and the faster rate within [`NEAR_TIE`]
-/// (or their fit errors together, if larger) of the other.
-fn near_tie(mut rates: Vec<Rate>) -> bool {
-    rates.sort_by(|a, b| b.rate.total_cmp(&a.rate));
-    match rates[..] {
-        [first, second, ..] => {
-            let margin = NEAR_TIE.max(first.error + second.error);
-            first.stored && second.stored && first.rate <= second.rate * (1.0 + margin)
-        }
-        _ => false,
     }
 }
 
@@ -406,15 +349,6 @@ struct AdaptiveSchedule {
     /// The engines whose lanes this batch starts with (see
     /// [`AdaptiveSchedule::leave_out_idle_engines`]).
     needed: EngineMask,
-    /// Per model key: whether the store's costs are a near tie ([`NEAR_TIE`]), and the
-    /// engine the estimates now favour there (`usize::MAX`: none known).
-    tied: Vec<bool>,
-    leader: Vec<AtomicUsize>,
-    /// Per engine and key: whether the engine's first pull of a tied key in this batch
-    /// was booked (see [`AdaptiveSchedule::book`]).
-    warmed: Vec<AtomicBool>,
-    /// Per engine and key: the estimate's samples at the start of the batch.
-    initial: Vec<u32>,
     /// The one engine this batch runs, when the plan left every other out and it can
     /// run every class: nothing is left to place, so its lanes take jobs without
     /// deciding ([`AdaptiveSchedule::sole_next`]).
@@ -501,63 +435,28 @@ impl AdaptiveSchedule {
         for l in plan.lanes {
             lanes[l.engine] += 1;
         }
-        let (ids, estimates, gains, remeasure_due, tied) = {
+        let (ids, estimates, gains, remeasure_due) = {
             let mut known = lock(&learned);
             let ids: Vec<usize> = plan
                 .engines
                 .iter()
                 .map(|e| known.engine(&e.name, e.lanes))
                 .collect();
-            let mut starting = Vec::with_capacity(ids.len() * keys.len());
+            let mut estimates = Vec::with_capacity(ids.len() * keys.len());
             let mut gains = Vec::with_capacity(ids.len() * keys.len());
             for &id in &ids {
                 for &(c, d, b) in &keys {
-                    starting.push(known.estimate(id, c, d, b));
+                    estimates.push(SharedEstimate::new(known.estimate(id, c, d, b)));
                     gains.push(known.gain(id, c, d, b));
-                }
-            }
-            // Per key, per engine with lanes and a cost: its rate, whether the cost is
-            // the store's alone, and the store's fit error there.
-            let tied: Vec<bool> = keys
-                .iter()
-                .enumerate()
-                .map(|(k, &(c, d, b))| {
-                    let rates: Vec<Rate> = (0..ids.len())
-                        .filter(|&e| lanes[e] > 0)
-                        .filter_map(|e| {
-                            let wall = starting[e * keys.len() + k].cost()?.wall;
-                            (wall > 0.0).then(|| Rate {
-                                rate: lanes[e] as f64 / wall,
-                                stored: !known.confirmed.contains(&(ids[e], c, d, b)),
-                                error: known.fit_error(ids[e], c, d, b),
-                            })
-                        })
-                        .collect();
-                    near_tie(rates)
-                })
-                .collect();
-            // At a near tie, the stored costs are held tentatively.
-            for (e, &id) in ids.iter().enumerate() {
-                for (k, &(c, d, b)) in keys.iter().enumerate() {
-                    let estimate = &mut starting[e * keys.len() + k];
-                    if tied[k] && !known.confirmed.contains(&(id, c, d, b)) {
-                        if let Some(cost) = estimate.cost() {
-                            *estimate = Estimate::tentative(cost.wall, cost.cpu);
-                        }
-                    }
                 }
             }
             let due = ids
                 .iter()
                 .map(|&id| known.engines[id].2 >= model::REMEASURE_EVERY)
                 .collect();
-            (ids, starting, gains, due, tied)
+            (ids, estimates, gains, due)
         };
-        let initial = estimates.iter().map(Estimate::samples).collect();
-        let estimates: Vec<SharedEstimate> =
-            estimates.into_iter().map(SharedEstimate::new).collect();
-        let keys_len = keys.len();
-        let mut schedule = AdaptiveSchedule {
+        AdaptiveSchedule {
             probes: (0..n_engines * classes.len())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
@@ -582,34 +481,9 @@ impl AdaptiveSchedule {
             wait: Mutex::new(0),
             wake: Condvar::new(),
             needed: EngineMask(u64::MAX),
-            leader: tied.iter().map(|_| AtomicUsize::new(usize::MAX)).collect(),
-            warmed: (0..n_engines * keys_len)
-                .map(|_| AtomicBool::new(false))
-                .collect(),
-            tied,
-            initial,
             sole: None,
             origin: Instant::now(),
-        };
-        for k in 0..schedule.keys.len() {
-            let leader = schedule.leader(k);
-            *schedule.leader[k].get_mut() = leader;
         }
-        schedule
-    }
-
-    /// The engine whose lanes would finish jobs of model key `k` soonest by the
-    /// current estimates (most lanes per second of job time), `usize::MAX` if none has
-    /// an estimate.
-    fn leader(&self, k: usize) -> usize {
-        (0..self.alive.len())
-            .filter(|&e| self.lanes(e) > 0)
-            .filter_map(|e| {
-                let wall = self.estimates[self.slot(e, k)].cost()?.wall;
-                (wall > 0.0).then(|| (e, self.lanes(e) as f64 / wall))
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or(usize::MAX, |(e, _)| e)
     }
 
     /// Leaves out of the batch the engines that the placement rule, asked before any
@@ -622,15 +496,7 @@ impl AdaptiveSchedule {
     fn leave_out_idle_engines(&mut self) {
         let mut needed = EngineMask::default();
         for e in 0..self.alive.len() {
-            // An engine at a near tie may run the class: its lanes start, to take over
-            // if the batch's own samples favour it.
-            let tie = self
-                .classes
-                .iter()
-                .any(|c| self.tied[c.key] && c.engines.contains(e));
-            if self.lanes(e) > 0
-                && (tie || !matches!(decide(self, e), Decision::Wait | Decision::Done))
-            {
+            if self.lanes(e) > 0 && !matches!(decide(self, e), Decision::Wait | Decision::Done) {
                 needed.insert(e);
             }
         }
@@ -694,31 +560,16 @@ impl AdaptiveSchedule {
 
     /// Books lane's timed pull, which ended `now`: wall time per job.
     fn book(&self, engine: usize, pull: Pull, now: Instant) {
-        let slot = self.slot(engine, pull.key);
-        let estimate = &self.estimates[slot];
+        let estimate = &self.estimates[self.slot(engine, pull.key)];
         if !pull.full && estimate.cost().is_some() {
             return;
         }
         let wall =
             now.saturating_duration_since(pull.since).as_secs_f64() / pull.jobs.max(1) as f64;
-        // At a near tie an engine's first pull of the class in the batch is a warm-up
-        // (a lane just woken, a device thread asleep: the soft guest's module took 750
-        // µs for its first 1 KiB request, 120 µs for the others), which held at a third
-        // of the estimate sent the batch back to the other engine for good: it may only
-        // lower the cost held.
-        let warm_up = self.tied[pull.key] && !self.warmed[slot].swap(true, Ordering::AcqRel);
-        if pull.bound || warm_up {
+        if pull.bound {
             estimate.lower(wall, wall);
         } else if estimate.observe(wall, wall) {
             self.notify();
-        }
-        // At a near tie, a sample that makes another engine the faster one wakes its
-        // waiting lanes (and ends this engine's streak).
-        if self.tied[pull.key] {
-            let leader = self.leader(pull.key);
-            if self.leader[pull.key].swap(leader, Ordering::AcqRel) != leader {
-                self.notify();
-            }
         }
     }
 
@@ -1036,17 +887,9 @@ impl Drop for AdaptiveSchedule {
                 continue;
             }
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
-                let slot = self.slot(e, k);
-                let estimate = self.estimates[slot].get();
-                let key = (id, cipher, direction, b);
-                if estimate.samples() > self.initial[slot] {
-                    known.confirmed.insert(key);
-                } else if self.tied[k] {
-                    // Untouched: the store's cost stays as stored, not as held here.
-                    continue;
-                }
+                let estimate = self.estimates[self.slot(e, k)].get();
                 if estimate.samples() > 0 {
-                    known.costs.insert(key, estimate);
+                    known.costs.insert((id, cipher, direction, b), estimate);
                 }
             }
         }
@@ -1179,237 +1022,6 @@ mod tests {
         assert_eq!(seeded.engines_needed(), EngineMask(1));
         let fresh = Adaptive::new().plan(&plan).unwrap();
         assert_eq!(fresh.engines_needed(), EngineMask(3));
-    }
-
-    /// A store whose cpu and module are a near tie at 1 KiB (205.8 against 201.0 µs a
-    /// job, one lane each) and far apart at 64 B (13.8 against 200.1 µs).
-    fn seeded_near_tie() -> Adaptive {
-        let mut cal = crate::calibration::tests::cpu_and_module();
-        cal.engines[0].classes[0] = crate::calibration::tests::class(
-            Cipher::AES_128_CBC,
-            Direction::Encrypt,
-            1e-6,
-            200e-9,
-            1.0,
-        );
-        Adaptive::seeded(Arc::new(cal))
-    }
-
-    /// Rates as [`near_tie`] sees them: (rate, the store's alone, fit error).
-    fn rates(r: &[(f64, bool, f64)]) -> Vec<Rate> {
-        r.iter()
-            .map(|&(rate, stored, error)| Rate {
-                rate,
-                stored,
-                error,
-            })
-            .collect()
-    }
-
-    /// A near tie: the two fastest within [`NEAR_TIE`] (or their fit errors together,
-    /// if larger), both only stored; a third engine, slower, does not matter.
-    #[test]
-    fn a_near_tie_is_two_stored_rates_within_the_margin() {
-        let edge = 1.0 + NEAR_TIE;
-        assert!(near_tie(rates(&[(1.0, true, 0.0), (edge, true, 0.0)])));
-        assert!(near_tie(rates(&[
-            (0.1, true, 0.0),
-            (1.0, true, 0.0),
-            (1.1, true, 0.0)
-        ])));
-        assert!(!near_tie(rates(&[
-            (1.0, true, 0.0),
-            (edge * 1.01, true, 0.0)
-        ])));
-        assert!(!near_tie(rates(&[(1.0, false, 0.0), (1.1, true, 0.0)])));
-        assert!(!near_tie(rates(&[(1.0, true, 0.0), (1.1, false, 0.0)])));
-        // Fit errors of 20% each widen the margin to 40%.
-        assert!(near_tie(rates(&[(1.0, true, 0.2), (1.4, true, 0.2)])));
-        assert!(!near_tie(rates(&[(1.0, true, 0.2), (1.41, true, 0.2)])));
-        assert!(!near_tie(rates(&[(1.0, true, 0.0)])), "one engine: no tie");
-        assert!(!near_tie(Vec::new()));
-    }
-
-    /// At a near tie the first batch starts both engines' lanes and holds the stored
-    /// costs tentatively; a clear win leaves the slower engine out and the store's
-    /// costs settled.
-    #[test]
-    fn a_near_tie_starts_both_engines_and_a_clear_win_only_the_winner() {
-        let (engines, lanes) = cpu_and_kernel();
-        let policy = seeded_near_tie();
-        let samples = |s: &AdaptiveSchedule| {
-            (0..2)
-                .map(|e| s.estimates[s.slot(e, 0)].get().samples())
-                .collect::<Vec<_>>()
-        };
-        let jobs = cbc_jobs([1024; 200]);
-        let mut tie = schedule(&policy, &jobs, &engines, &lanes, 1);
-        tie.leave_out_idle_engines();
-        assert!(tie.tied[0]);
-        assert_eq!(tie.engines_needed(), EngineMask(0b11));
-        assert_eq!(tie.sole, None);
-        assert_eq!(samples(&tie), [model::TENTATIVE_SAMPLES; 2]);
-        // The store's favourite (the module) takes the jobs, the cpu waits.
-        assert_eq!(tie.leader[0].load(Ordering::Acquire), 1);
-        assert_eq!(decide(&tie, 1), Decision::Take(0));
-        assert_eq!(decide(&tie, 0), Decision::Wait);
-        drop(tie);
-        let jobs = cbc_jobs([64; 200]);
-        let mut clear = schedule(&policy, &jobs, &engines, &lanes, 1);
-        clear.leave_out_idle_engines();
-        assert!(!clear.tied[0]);
-        assert_eq!(clear.engines_needed(), EngineMask(0b01));
-        assert_eq!(samples(&clear), [model::WINDOW; 2]);
-    }
-
-    /// The store's fit errors widen the margin of a tie: a module 1.35x slower than
-    /// the cpu at 1 KiB is a tie when both fits are 20% off the measured point there,
-    /// no tie when they are exact; a module 1.5x slower is no tie either way.
-    #[test]
-    fn the_stores_fit_errors_widen_a_near_tie() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 200]);
-        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
-        let tied = |slower: f64, error: f64| {
-            let mut cal = crate::calibration::tests::cpu_and_module();
-            // One lane each, costs per job at 1 KiB (padded to 1040 B): cpu 100 µs.
-            let cpu = 100e-6 / 1040.0;
-            cal.engines[0].classes[0] = crate::calibration::tests::class(c, d, 0.0, cpu, 1.0);
-            cal.engines[1].classes[0] =
-                crate::calibration::tests::class(c, d, 0.0, cpu * slower, 1.0);
-            for engine in &mut cal.engines {
-                for point in &mut engine.classes[0].points {
-                    point.wall *= 1.0 + error;
-                }
-            }
-            let policy = Adaptive::seeded(Arc::new(cal));
-            schedule(&policy, &jobs, &engines, &lanes, 1).tied[0]
-        };
-        assert!(tied(1.35, 0.2));
-        assert!(!tied(1.35, 0.0));
-        assert!(!tied(1.5, 0.2));
-    }
-
-    /// The leader is a working engine with a positive cost: none while the only
-    /// estimate is of zero time or of an engine that failed.
-    #[test]
-    fn the_leader_is_a_working_engine_with_a_positive_cost() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 10]);
-        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 1);
-        assert_eq!(s.leader(0), usize::MAX, "nothing known");
-        let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 1,
-            since,
-            full: true,
-            bound: false,
-        };
-        // Two pulls of no time: a usable estimate of zero.
-        s.book(1, pull, since);
-        s.book(1, pull, since);
-        assert_eq!(s.estimates[s.slot(1, 0)].cost().map(|c| c.wall), Some(0.0));
-        assert_eq!(s.leader(0), usize::MAX, "a zero cost leads nothing");
-        s.book(1, pull, since + Duration::from_micros(100));
-        assert_eq!(s.leader(0), 1);
-        assert_eq!(s.engine_failed(1), Vec::<usize>::new());
-        assert_eq!(s.leader(0), usize::MAX, "a failed engine leads nothing");
-    }
-
-    /// An engine that failed before the lanes start is not started for a near tie: the
-    /// batch is the other engine's alone.
-    #[test]
-    fn a_failed_engine_is_not_started_for_a_near_tie() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 200]);
-        let mut s = schedule(&seeded_near_tie(), &jobs, &engines, &lanes, 1);
-        assert!(s.tied[0]);
-        s.alive[1].store(0, Ordering::Release);
-        s.leave_out_idle_engines();
-        assert_eq!((s.engines_needed(), s.sole), (EngineMask(0b01), Some(0)));
-    }
-
-    /// At a near tie, the batch's own samples decide: the module's slow first pulls
-    /// make the cpu the faster engine, which wakes the waiting lanes (an event); a
-    /// sample that changes nothing is no event.
-    #[test]
-    fn at_a_near_tie_the_batch_moves_to_the_engine_its_own_samples_favour() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 200]);
-        let s = schedule(&seeded_near_tie(), &jobs, &engines, &lanes, 1);
-        let epoch = || s.epoch.load(Ordering::Acquire);
-        let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 1,
-            since,
-            full: true,
-            bound: false,
-        };
-        let samples = |e: usize| s.estimates[s.slot(e, 0)].get().samples();
-        // The module's first pull is a warm-up: slower than held, it is not counted.
-        s.book(1, pull, since + Duration::from_micros(1000));
-        assert_eq!(samples(1), model::TENTATIVE_SAMPLES);
-        // At 210 µs: 204 µs held, still ahead of the cpu's 205.8.
-        s.book(1, pull, since + Duration::from_micros(210));
-        assert_eq!((epoch(), s.leader[0].load(Ordering::Acquire)), (0, 1));
-        // At 400 µs: held at 253 µs, behind the cpu.
-        s.book(1, pull, since + Duration::from_micros(400));
-        assert_eq!((epoch(), s.leader[0].load(Ordering::Acquire)), (1, 0));
-        assert_eq!(decide(&s, 0), Decision::Take(0));
-        assert_eq!(decide(&s, 1), Decision::Wait);
-        // The cpu's warm-up, faster than held, counts.
-        s.book(0, pull, since + Duration::from_micros(100));
-        assert_eq!(samples(0), model::TENTATIVE_SAMPLES + 1);
-        assert_eq!(epoch(), 1, "the cpu was ahead already");
-        // Not a tie: no leader kept, no event.
-        let small = cbc_jobs([64; 200]);
-        let clear = schedule(&seeded_near_tie(), &small, &engines, &lanes, 1);
-        clear.book(0, pull, since + Duration::from_millis(10));
-        assert_eq!(clear.epoch.load(Ordering::Acquire), 0);
-    }
-
-    /// A batch at a near tie keeps what its lanes measured as the policy's own (the
-    /// next batch is no tie for it), and leaves an estimate it did not sample as the
-    /// store had it, not as it held it.
-    #[test]
-    fn after_a_near_tie_the_samples_are_the_policys_own() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 200]);
-        let policy = seeded_near_tie();
-        let s = schedule(&policy, &jobs, &engines, &lanes, 1);
-        let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 1,
-            since,
-            full: true,
-            bound: false,
-        };
-        s.book(1, pull, since + Duration::from_micros(200));
-        // Both engines started pulls; only the module's was booked.
-        s.starts[0].store(1, Ordering::Release);
-        s.starts[1].store(1, Ordering::Release);
-        drop(s);
-        let learned: Vec<_> = policy
-            .learned()
-            .into_iter()
-            .map(|l| (l.engine, l.samples))
-            .collect();
-        assert_eq!(
-            learned,
-            [
-                ("cpu".to_string(), model::WINDOW),
-                ("kernel".to_string(), model::TENTATIVE_SAMPLES + 1)
-            ]
-        );
-        let next = schedule(&policy, &jobs, &engines, &lanes, 1);
-        assert!(!next.tied[0], "the module's cost is its own now");
-        assert_eq!(
-            next.estimates[next.slot(0, 0)].get().samples(),
-            model::WINDOW
-        );
     }
 
     /// The policy seeded with [`crate::calibration::tests::cpu_and_module`]: a cpu fast

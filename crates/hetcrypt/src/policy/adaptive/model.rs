@@ -97,11 +97,6 @@ pub const FAST_DOWN: f64 = 1.5;
 /// Samples an estimate needs before it is trusted: the first is discarded (warm-up).
 pub const MIN_SAMPLES: u32 = 2;
 
-/// Samples a tentative stored cost counts as ([`Estimate::tentative`]): one more than
-/// [`MIN_SAMPLES`], so it is usable at once and a single slow first pull (a cold
-/// buffer, a late wake-up) moves it a third of the way, not half.
-pub const TENTATIVE_SAMPLES: u32 = MIN_SAMPLES + 1;
-
 /// Probe jobs an engine may start on a class it has no estimate for (one more than
 /// [`MIN_SAMPLES`], so a lane whose first probe is slow still gets its second sample
 /// while another lane of the engine holds the third).
@@ -157,19 +152,6 @@ impl Estimate {
             wall,
             cpu,
             samples: WINDOW,
-        }
-    }
-
-    /// An estimate that starts from a stored cost the store itself cannot vouch for
-    /// (a near tie between engines, see `adaptive`'s `NEAR_TIE`) as if from
-    /// [`TENTATIVE_SAMPLES`] samples: usable at once, and the run's own first samples
-    /// move it a third, a quarter, ... of the way, so that a batch finds out within a
-    /// few pulls which side of the tie it is really on.
-    pub fn tentative(wall: f64, cpu: f64) -> Self {
-        Estimate {
-            wall,
-            cpu,
-            samples: TENTATIVE_SAMPLES,
         }
     }
 
@@ -558,19 +540,6 @@ mod tests {
         );
         // Of the two first samples, the lower starts the estimate.
         assert_eq!(shared.cost().unwrap().wall, 1.0);
-    }
-
-    /// A tentative stored cost is usable at once and its first own samples move it a
-    /// third, then a quarter of the way.
-    #[test]
-    fn a_tentative_estimate_is_usable_and_moved_by_its_first_samples() {
-        let mut e = Estimate::tentative(0.3, 0.3);
-        assert_eq!(e.cost().map(|c| c.wall), Some(0.3));
-        assert_eq!(e.samples(), TENTATIVE_SAMPLES);
-        e.observe(0.6, 0.6);
-        assert!((e.cost().unwrap().wall - 0.4).abs() < 1e-12, "{e:?}");
-        e.observe(0.8, 0.8);
-        assert!((e.cost().unwrap().wall - 0.5).abs() < 1e-12, "{e:?}");
     }
 
     /// A stored cost is usable at once and settled (a run's sample moves it by
