@@ -1,6 +1,7 @@
-//! `adaptive` times a batch left to one engine one pull in `STREAK_SAMPLE`, each such
-//! pull a sample: one stall inside the batch (a lane descheduled, a host hiccup) moves
-//! the engine's estimate no more than one stalled pull would, instead of setting it.
+//! `adaptive` times a batch left to one engine in segments of `SOLE_SEGMENT` pulls,
+//! each segment a sample: one stall inside the batch (a lane descheduled, a host
+//! hiccup) moves the engine's estimate no more than one stalled segment would, instead
+//! of setting it.
 //!
 //! The engine under test wraps `cpu` (a test engine): its lane sleeps once, on a job
 //! chosen by the test, and runs every job as `cpu` does otherwise.
@@ -118,7 +119,7 @@ fn one_stall_in_a_batch_left_to_one_engine_is_one_sample_of_many() {
     let stalled = samples(&adaptive) - before;
     // Timed as one sample of the whole run, the stall (~500 us a job spread over the
     // batch, hundreds of times the job) set the estimate near that: one sample a batch
-    // is the bug this catches. 400 pulls, one in eight timed: at least a handful.
+    // is the bug this catches. 400 pulls in segments of 32: at least a handful.
     assert!(
         calm >= 4,
         "a batch of {JOBS} pulls left to one engine was booked as {calm} samples"

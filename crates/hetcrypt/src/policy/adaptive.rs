@@ -27,8 +27,9 @@
 //! **Streaks and sole batches.** While every lane of the other engines waits, a lane
 //! keeps taking from the class it last chose without deciding again until some event
 //! bumps the schedule's epoch; when the plan leaves every engine but one out, that
-//! engine's lanes take each class in turn without deciding at all. Either way only one
-//! pull in [`STREAK_SAMPLE`] is timed, so a batch of tiny jobs costs about what
+//! engine's lanes take each class in turn without deciding at all. On a streak only one
+//! pull in [`STREAK_SAMPLE`] is timed; in a sole batch a lane reads the clock once per
+//! [`SOLE_SEGMENT`] pulls and takes no lock, so a batch of tiny jobs costs about what
 //! `only:cpu` does, and the estimates still follow the machine.
 
 pub mod model;
@@ -56,6 +57,15 @@ pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 /// reads and the booking (a few microseconds per pull under the testbed's emulation,
 /// where batches of tiny jobs lost 10-15% to them).
 pub const STREAK_SAMPLE: u32 = 8;
+
+/// In a sole batch, a lane's pulls are timed in segments of this many pulls of one
+/// class, one sample each (see [`SoleRun`]): 200 tiny jobs taken one a pull (the soft
+/// guest's CPU lane) are ~6 samples for 8 clock reads, where timing one pull in
+/// [`STREAK_SAMPLE`] took 50 clock reads, 50 lock round trips and 25 bookings. With an
+/// atomic add less per pull, `benches/pullcost.rs` puts `adaptive`'s own work per pull
+/// at ~4.5 ns over `threshold`'s on the AMD EPYC host, against ~13 ns before; a
+/// stall is still one sample of several (`tests/adaptive_sampling.rs`).
+pub const SOLE_SEGMENT: u32 = 32;
 
 /// A lane of a sole batch has no class yet.
 const NO_CLASS: usize = usize::MAX;
@@ -255,15 +265,24 @@ struct LaneState {
 }
 
 /// A lane's run through the classes in a sole batch, in atomics with plain loads and
-/// stores (only the lane's thread touches them) so that an untimed pull takes no lock:
-/// under the testbed's emulation a lock and a few counters per pull cost a batch of
-/// 8-byte jobs ~10% against `only:cpu`.
+/// stores (only the lane's thread touches them) so that a pull takes no lock: under the
+/// testbed's emulation a lock and a few counters per pull cost a batch of 8-byte jobs
+/// ~10% against `only:cpu`.
+///
+/// The run is timed in *segments* of consecutive pulls of one class, each ended by one
+/// clock read that also starts the next (see [`SOLE_SEGMENT`]): every pull's time is in
+/// exactly one segment and each segment is one sample, so a stall inside the batch is
+/// one sample of several, as with sampled pulls, for one clock read per segment.
 #[derive(Debug)]
 struct SoleRun {
     class: AtomicUsize,
+    /// Pulls in the open segment (none open at 0), the jobs they took, and whether one
+    /// of them got fewer jobs than it asked for.
     pulls: AtomicU32,
-    /// Whether the lane's previous pull was timed (its [`LaneState::pull`] is set).
-    timed: AtomicBool,
+    jobs: AtomicUsize,
+    partial: AtomicBool,
+    /// When the open segment started, in nanoseconds after the schedule's `origin`.
+    since: AtomicU64,
 }
 
 impl Default for SoleRun {
@@ -271,7 +290,9 @@ impl Default for SoleRun {
         SoleRun {
             class: AtomicUsize::new(NO_CLASS),
             pulls: AtomicU32::new(0),
-            timed: AtomicBool::new(false),
+            jobs: AtomicUsize::new(0),
+            partial: AtomicBool::new(false),
+            since: AtomicU64::new(0),
         }
     }
 }
@@ -332,6 +353,8 @@ struct AdaptiveSchedule {
     /// run every class: nothing is left to place, so its lanes take jobs without
     /// deciding ([`AdaptiveSchedule::sole_next`]).
     sole: Option<usize>,
+    /// When the schedule was made: the zero of a sole run's segment times.
+    origin: Instant,
 }
 
 impl AdaptiveSchedule {
@@ -459,6 +482,7 @@ impl AdaptiveSchedule {
             wake: Condvar::new(),
             needed: EngineMask(u64::MAX),
             sole: None,
+            origin: Instant::now(),
         }
     }
 
@@ -642,44 +666,81 @@ impl AdaptiveSchedule {
     }
 
     /// `next` for a lane of the sole engine: the next pull of its run's class (one
-    /// atomic add, and a clock read one pull in [`STREAK_SAMPLE`]), or the next class.
+    /// atomic add and a few counters; a clock read and a booking once a segment of
+    /// [`SOLE_SEGMENT`] pulls or a class is over), or the next class.
     fn sole_next(&self, lane: usize, engine: usize, max: usize, out: &mut Vec<usize>) -> bool {
         let run = &self.runs[lane];
-        if run.timed.load(Ordering::Relaxed) {
-            run.timed.store(false, Ordering::Relaxed);
-            if let Some(pull) = lock(&self.lanes[lane]).pull.take() {
-                self.book(engine, pull, Instant::now());
-            }
+        // The clock, read at most once a call.
+        let mut now = None;
+        let mut clock = || *now.get_or_insert_with(|| self.clock());
+        let current = run.class.load(Ordering::Relaxed);
+        if run.pulls.load(Ordering::Relaxed) >= SOLE_SEGMENT {
+            self.close_segment(lane, engine, clock());
         }
-        let mut q = run.class.load(Ordering::Relaxed);
-        if q == NO_CLASS {
-            q = 0;
-        }
+        let mut q = if current == NO_CLASS { 0 } else { current };
         while let Some(class) = self.classes.get(q) {
             let before = out.len();
             if class.engines.contains(engine) && class.jobs.take(max, out) > 0 {
-                run.class.store(q, Ordering::Relaxed);
+                let jobs = out.len() - before;
+                // The previous class's segment ends where this class starts; a pull
+                // that got fewer jobs than asked (a class's last) is a segment of its
+                // own, so that it does not make the full pulls before it partial.
+                if q != current || jobs < max {
+                    self.close_segment(lane, engine, clock());
+                    run.class.store(q, Ordering::Relaxed);
+                }
                 let pulls = run.pulls.load(Ordering::Relaxed);
-                run.pulls.store(pulls.wrapping_add(1), Ordering::Relaxed);
-                if pulls.is_multiple_of(STREAK_SAMPLE) {
-                    let jobs = out.len() - before;
-                    lock(&self.lanes[lane]).pull = Some(Pull {
-                        key: class.key,
-                        jobs,
-                        since: Instant::now(),
-                        full: jobs >= max,
-                        bound: false,
-                    });
-                    run.timed.store(true, Ordering::Relaxed);
-                    self.starts[engine].fetch_add(1, Ordering::Relaxed);
+                if pulls == 0 {
+                    run.since.store(clock(), Ordering::Relaxed);
+                }
+                run.pulls.store(pulls + 1, Ordering::Relaxed);
+                // A plain load and store: an atomic add is a locked instruction, and
+                // only this lane's thread touches its run.
+                let taken = run.jobs.load(Ordering::Relaxed);
+                run.jobs.store(taken + jobs, Ordering::Relaxed);
+                if jobs < max {
+                    run.partial.store(true, Ordering::Relaxed);
                 }
                 return true;
             }
             q += 1;
         }
+        self.close_segment(lane, engine, clock());
         run.class.store(q, Ordering::Relaxed);
         self.idle[engine].fetch_add(1, Ordering::AcqRel);
         false
+    }
+
+    /// Nanoseconds since the schedule was made: a sole run's segments keep their start
+    /// in an atomic this way.
+    fn clock(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Books lane `lane`'s open segment of a sole run (if any), which ended at `now`
+    /// (nanoseconds after `origin`), as one sample of its class, and closes it.
+    fn close_segment(&self, lane: usize, engine: usize, now: u64) {
+        let run = &self.runs[lane];
+        if run.pulls.swap(0, Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Some(class) = self.classes.get(run.class.load(Ordering::Relaxed)) else {
+            return;
+        };
+        let since = run.since.load(Ordering::Relaxed);
+        let pull = Pull {
+            key: class.key,
+            jobs: run.jobs.swap(0, Ordering::Relaxed),
+            since: self.origin + Duration::from_nanos(since),
+            full: !run.partial.swap(false, Ordering::Relaxed),
+            bound: false,
+        };
+        self.starts[engine].fetch_add(1, Ordering::Relaxed);
+        self.book(
+            engine,
+            pull,
+            self.origin + Duration::from_nanos(now.max(since)),
+        );
     }
 }
 
@@ -1192,7 +1253,7 @@ mod tests {
     }
 
     /// In a sole batch the lane takes each class in turn without deciding, and its
-    /// timed pull records the jobs it took, not what the caller's vector held.
+    /// open segment counts the jobs it took, not what the caller's vector held.
     #[test]
     fn a_sole_engine_takes_every_class_in_turn() {
         let (engines, lanes) = cpu_and_kernel();
@@ -1202,14 +1263,146 @@ mod tests {
         assert_eq!(s.sole, Some(0));
         let mut out = vec![usize::MAX];
         assert!(s.next(0, 2, &mut out));
-        let pull = lock(&s.lanes[0]).pull.map(|p| (p.jobs, p.full));
-        assert_eq!(pull, Some((2, true)));
-        let mut pulls = 1;
+        let run = &s.runs[0];
+        let segment = || {
+            (
+                run.pulls.load(Ordering::Relaxed),
+                run.jobs.load(Ordering::Relaxed),
+                run.partial.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(segment(), (1, 2, false));
+        // The large class: a full pull, then the last job alone, a partial segment.
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(segment(), (1, 2, false));
+        assert!(s.next(0, 2, &mut out));
+        assert_eq!(segment(), (1, 1, true));
+        let mut pulls = 3;
         while s.next(0, 2, &mut out) {
             pulls += 1;
             assert!(pulls <= jobs.len(), "a pull that took nothing: {out:?}");
         }
         assert_eq!(out, [usize::MAX, 0, 1, 2, 3, 4]);
+        assert_eq!(segment(), (0, 0, false), "the last call closed the segment");
+        // Segments: the small class's pull; the large class's full pull; its last,
+        // partial pull alone (booked too, as the estimate had no cost yet).
+        let samples: Vec<u32> = (0..2)
+            .map(|k| s.estimates[s.slot(0, k)].get().samples())
+            .collect();
+        assert_eq!(samples, [1, 2]);
+        assert_eq!(s.starts[0].load(Ordering::Relaxed), 3);
+    }
+
+    /// A sole lane's pulls are booked in segments: one sample per [`SOLE_SEGMENT`]
+    /// pulls of a class, one for what is left of a class when the lane moves on, and
+    /// one for the last pulls when the batch is over; every segment counts as a start.
+    #[test]
+    fn a_sole_lane_books_one_sample_per_segment() {
+        let (engines, lanes) = cpu_and_kernel();
+        let segment = SOLE_SEGMENT as usize;
+        // Two classes: 2.5 segments of small jobs, then 3 large ones.
+        let small = 2 * segment + segment / 2;
+        let jobs = cbc_jobs((0..small + 3).map(|i| if i < small { 64 } else { 65536 }));
+        let mut s = schedule(&Adaptive::new(), &jobs, &engines[..1], &lanes[..1], 1);
+        s.leave_out_idle_engines();
+        let mut out = Vec::new();
+        let mut samples = Vec::new();
+        while s.next(0, 1, &mut out) {
+            samples.push(
+                (0..2)
+                    .map(|k| s.estimates[s.slot(0, k)].get().samples())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(out.len(), jobs.len());
+        // Booked when the next segment's first pull is asked for: after pulls 32, 64.
+        assert_eq!(samples[segment - 1], [0, 0]);
+        assert_eq!(samples[segment], [1, 0]);
+        assert_eq!(samples[2 * segment], [2, 0]);
+        // The small class's last half segment, when the lane moves to the large class.
+        assert_eq!(samples[small], [3, 0]);
+        let last = (0..2)
+            .map(|k| s.estimates[s.slot(0, k)].get().samples())
+            .collect::<Vec<_>>();
+        assert_eq!(
+            last,
+            [3, 1],
+            "the batch's last segment is booked at its end"
+        );
+        assert_eq!(s.starts[0].load(Ordering::Relaxed), 4);
+    }
+
+    /// A segment runs from its first pull's start to the call after its last pull:
+    /// the lane's time between its calls is booked, at least what it slept.
+    #[test]
+    fn a_segment_is_timed_from_its_first_pull() {
+        let (engines, lanes) = cpu_and_kernel();
+        let segment = SOLE_SEGMENT as usize;
+        let jobs = cbc_jobs(vec![64; segment + segment / 2]);
+        let mut s = schedule(&Adaptive::new(), &jobs, &engines[..1], &lanes[..1], 1);
+        s.leave_out_idle_engines();
+        let pause = Duration::from_micros(200);
+        let mut out = Vec::new();
+        assert!(s.next(0, 1, &mut out));
+        let since = s.runs[0].since.load(Ordering::Relaxed);
+        std::thread::sleep(pause);
+        assert!(s.next(0, 1, &mut out));
+        assert_eq!(s.runs[0].since.load(Ordering::Relaxed), since);
+        loop {
+            std::thread::sleep(pause);
+            if !s.next(0, 1, &mut out) {
+                break;
+            }
+        }
+        assert_eq!(out.len(), jobs.len());
+        let wall = s.estimates[s.slot(0, 0)].cost().map(|c| c.wall);
+        assert!(
+            wall.is_some_and(|w| w >= pause.as_secs_f64()),
+            "{wall:?} a job, sleeping {pause:?} a pull"
+        );
+    }
+
+    /// A segment is one sample of its wall time over its jobs; one with a pull that got
+    /// fewer jobs than it asked for (a class's last) teaches only an estimate with no
+    /// cost yet.
+    #[test]
+    fn a_segment_counts_its_wall_time_per_job_and_a_partial_one_only_starts_an_estimate() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 100]);
+        let mut s = schedule(&Adaptive::new(), &jobs, &engines[..1], &lanes[..1], 1);
+        s.leave_out_idle_engines();
+        let run = &s.runs[0];
+        let ms = 1_000_000;
+        let segment = |start: u64, pulls: u32, jobs: usize, partial: bool, end: u64| {
+            run.class.store(0, Ordering::Relaxed);
+            run.since.store(start, Ordering::Relaxed);
+            run.pulls.store(pulls, Ordering::Relaxed);
+            run.jobs.store(jobs, Ordering::Relaxed);
+            run.partial.store(partial, Ordering::Relaxed);
+            s.close_segment(0, 0, end);
+        };
+        let wall = || s.estimates[s.slot(0, 0)].cost().map(|c| c.wall);
+        // Two segments of 4 jobs in 40 ms (the first is the warm-up): 10 ms a job.
+        segment(10 * ms, 2, 4, false, 50 * ms);
+        segment(50 * ms, 2, 4, false, 90 * ms);
+        assert!(
+            wall().is_some_and(|w| (w - 0.01).abs() < 1e-12),
+            "{:?}",
+            wall()
+        );
+        // A partial segment does not move a usable estimate; a full one does.
+        segment(90 * ms, 2, 4, true, 190 * ms);
+        assert!(
+            wall().is_some_and(|w| (w - 0.01).abs() < 1e-12),
+            "{:?}",
+            wall()
+        );
+        segment(190 * ms, 2, 4, false, 290 * ms);
+        assert!(wall().is_some_and(|w| w > 0.01), "{:?}", wall());
+        // No segment open: nothing booked.
+        let samples = s.estimates[s.slot(0, 0)].get().samples();
+        segment(0, 0, 4, false, 290 * ms);
+        assert_eq!(s.estimates[s.slot(0, 0)].get().samples(), samples);
     }
 
     /// A lane's timed pull records how many jobs it took and whether it got all it
