@@ -682,14 +682,7 @@ impl CpuLane {
                 .iter()
                 .zip(outs.iter_mut())
                 .map(|(&job, out)| message(job, out));
-            if ctr {
-                let scratch = self
-                    .ctr_scratch
-                    .get_or_insert_with(parallel::CtrScratch::new);
-                parallel::ctr_messages(key, messages, scratch);
-            } else {
-                parallel::cbc_decrypt_messages(key, messages);
-            }
+            run_messages(key, ctr, messages, &mut self.ctr_scratch);
         } else {
             // `group` is in ascending order: walk it beside the outputs (a `contains`
             // per output was quadratic in the batch width).
@@ -699,14 +692,7 @@ impl CpuLane {
                 .enumerate()
                 .filter(move |&(k, _)| wanted.next_if_eq(&k).is_some())
                 .map(|(k, out)| message(jobs[k], out));
-            if ctr {
-                let scratch = self
-                    .ctr_scratch
-                    .get_or_insert_with(parallel::CtrScratch::new);
-                parallel::ctr_messages(key, messages, scratch);
-            } else {
-                parallel::cbc_decrypt_messages(key, messages);
-            }
+            run_messages(key, ctr, messages, &mut self.ctr_scratch);
         }
         if ctr {
             for &k in group {
@@ -773,6 +759,23 @@ impl CpuLane {
         for &k in group {
             results[k] = Ok(());
         }
+    }
+}
+
+/// Runs one group's messages, all CTR (`ctr`) or all CBC decryption, in one backend
+/// call: one body for the whole-batch and the matched-positions iterators.
+#[inline(always)]
+fn run_messages<'a>(
+    key: &multibuf::AesKey,
+    ctr: bool,
+    messages: impl Iterator<Item = parallel::Message<'a>>,
+    scratch: &mut Option<Box<parallel::CtrScratch>>,
+) {
+    if ctr {
+        let scratch = scratch.get_or_insert_with(parallel::CtrScratch::new);
+        parallel::ctr_messages(key, messages, scratch);
+    } else {
+        parallel::cbc_decrypt_messages(key, messages);
     }
 }
 
