@@ -168,6 +168,15 @@ worker_pid() {
 	done
 }
 
+# The pids of nginx's master and workers.
+nginx_pids() {
+	for d in /proc/[0-9]*; do
+		case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
+		"nginx: "*) echo "${d#/proc/}" ;;
+		esac
+	done
+}
+
 if [ "${FAULTS:-0}" = 1 ]; then
 	cnf module >"$W/openssl-module.cnf"
 	nginx_conf tls12-cbc >"$W/nginx.conf"
@@ -183,8 +192,11 @@ if [ "${FAULTS:-0}" = 1 ]; then
 		OPENSSL_CONF=/dev/null timeout 1 openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof >/dev/null 2>&1
 	# A malformed handshake: bytes that are no TLS record.
 	head -c 600 /dev/urandom | timeout 2 nc 127.0.0.1 $PORT >/dev/null 2>&1
-	echo "@@HETCRYPT:UNPLUG@@"
-	if testbed-wait-unplug 30; then gone=yes; else gone=no; fi
+	# The device leaves while nginx is stopped between two calls, none in flight (a
+	# request in flight as it goes can oops or hang the 6.1 guest kernel, its own
+	# defect: testbed/README.md); wrk keeps its connections open meanwhile, and the
+	# worker's next call meets the missing device.
+	if testbed-unplug-stopped $(nginx_pids); then gone=yes; else gone=no; fi
 	wait "$wrk_pid"
 	printf 'GET /16k HTTP/1.0\r\nHost: x\r\n\r\n' |
 		OPENSSL_CONF=/dev/null openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof 2>/dev/null >"$W/got"

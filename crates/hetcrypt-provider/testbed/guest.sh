@@ -5,7 +5,8 @@
 #      default provider (AES-128/192/256-CBC, both directions) and the module's
 #      counters show the bytes;
 #   2. balanced, `openssl speed` runs and the module carries 16 KiB calls;
-#   3. the module is hot-unplugged while `openssl enc` runs through it: the run
+#   3. the module is hot-unplugged while `openssl enc` runs through it (stopped
+#      between two calls while the device goes: testbed-unplug-stopped): the run
 #      completes, its output is still byte-identical, the module is quarantined and
 #      the fail-over counted.
 # Prints "provider-guest: N passed, N failed"; exit status 0 only if all passed.
@@ -90,8 +91,10 @@ if [ "${HETCRYPT_TESTBED_UNPLUG:-0}" = 1 ]; then
 		openssl enc -aes-128-cbc -K "$KEY128" -iv "$IV" $BUF -in /tmp/big -out /tmp/big.ours $P &
 	pid=$!
 	sleep 1
-	echo "@@HETCRYPT:UNPLUG@@"
-	if testbed-wait-unplug 30; then echo "provider-guest: the device is gone"; fi
+	# The device leaves while `openssl enc` is stopped between two calls, none in
+	# flight (a request in flight as it goes can oops or hang the 6.1 guest kernel,
+	# its own defect: testbed/README.md); its next call meets the missing device.
+	if testbed-unplug-stopped "$pid"; then echo "provider-guest: the device is gone"; fi
 	if wait "$pid"; then rc=0; else rc=$?; fi
 	openssl enc -aes-128-cbc -K "$KEY128" -iv "$IV" -in /tmp/big -out /tmp/big.theirs
 	line=$(tail -n 1 "$STATS")
