@@ -159,23 +159,17 @@ for cfg in $CONFIGS; do
 		[ -s "$W/stats" ] && sed "s/^/STATS $cfg $suite /" "$W/stats"
 	done
 done
-# The pid of nginx's worker (busybox has no pgrep).
-worker_pid() {
+# The pids of the processes whose command line starts with $1 (busybox has no pgrep).
+pids_of() {
 	for d in /proc/[0-9]*; do
 		case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
-		"nginx: worker"*) echo "${d#/proc/}"; return ;;
+		"$1"*) echo "${d#/proc/}" ;;
 		esac
 	done
 }
-
-# The pids of nginx's master and workers.
-nginx_pids() {
-	for d in /proc/[0-9]*; do
-		case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
-		"nginx: "*) echo "${d#/proc/}" ;;
-		esac
-	done
-}
+# The pid of nginx's worker; the pids of nginx's master and workers.
+worker_pid() { pids_of "nginx: worker" | head -n 1; }
+nginx_pids() { pids_of "nginx: "; }
 
 if [ "${FAULTS:-0}" = 1 ]; then
 	cnf module >"$W/openssl-module.cnf"
