@@ -177,7 +177,13 @@ pub enum ToWriter {
 /// Hands finished outputs to the writer thread, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
+    /// The main writer's queue: buffers written behind, and the outputs that had any.
     commits: mpsc::SyncSender<ToWriter>,
+    /// The other writers' queues: only outputs with nothing written behind (see
+    /// [`SMALL_WRITERS`]).
+    small: Vec<mpsc::SyncSender<ToWriter>>,
+    /// Which writer takes the next message of small outputs only.
+    next_small: usize,
     /// Finished outputs not yet handed over: sent `batch` at a time (one message, one
     /// wake-up of the writer, for many small files).
     finished: Vec<Finished>,
@@ -193,8 +199,18 @@ impl Tally<'_> {
             return;
         }
         let finished = std::mem::replace(&mut self.finished, Vec::with_capacity(self.batch));
-        if let Err(mpsc::SendError(ToWriter::Commit(lost))) =
-            self.commits.send(ToWriter::Commit(finished))
+        // An output written behind must be named by the writer that wrote its buffers
+        // (its queue has them first); one with nothing written behind may go to either,
+        // in turn.
+        let queue = if finished.iter().all(|f| !f.output.written_behind()) {
+            self.next_small = (self.next_small + 1) % (self.small.len() + 1);
+            self.small
+                .get(self.next_small.wrapping_sub(1))
+                .unwrap_or(&self.commits)
+        } else {
+            &self.commits
+        };
+        if let Err(mpsc::SendError(ToWriter::Commit(lost))) = queue.send(ToWriter::Commit(finished))
         {
             // The writer is gone only if it panicked; joining reports it.
             for f in lost {
@@ -269,6 +285,13 @@ struct Committed {
 /// for the writer thread: 16 x 128 KiB = 2 MiB of buffers at most.
 pub const WRITE_QUEUE: usize = 16;
 
+/// Writers that make, write and name small outputs (those with nothing written
+/// behind), taking their messages in turn: on tmpfs a small output's temporary, write
+/// and link cost about what reading and encrypting its input does (15-18 us), so one
+/// writer thread bounded a tree's run while the second core sat partly idle. The
+/// first writer also writes every large output's buffers and names it.
+const SMALL_WRITERS: usize = 2;
+
 /// Finished outputs the writer names after one sync of their file system (a commit
 /// group): enough that 4,000 small files on a disk need a handful of syncs rather than
 /// one each. Each is written before it joins a group, so it holds only a descriptor
@@ -294,8 +317,10 @@ const FD_MARGIN: u64 = 12;
 struct Sizes {
     /// Chunks per pipeline batch.
     window: usize,
-    /// Messages waiting for the writer.
+    /// Messages waiting for the main writer.
     queue: usize,
+    /// Messages (of small outputs only) waiting for each other writer.
+    small_queue: usize,
     /// Finished outputs per message to the writer.
     commit_batch: usize,
     /// Finished outputs per commit group (one sync).
@@ -330,14 +355,19 @@ fn bound_open_files() -> Sizes {
         usize::try_from(outputs).unwrap_or(usize::MAX)
     });
     let outputs = outputs.max(4);
-    let group = (outputs / 4).clamp(1, COMMIT_GROUP);
+    // Each writer keeps a group: together they keep what one did.
+    let group = (outputs / (4 * SMALL_WRITERS)).clamp(1, COMMIT_GROUP / SMALL_WRITERS);
     let commit_batch = (outputs / 64).clamp(1, COMMIT_BATCH);
     let queue = (outputs / (8 * commit_batch)).clamp(1, WRITE_QUEUE);
-    let left = outputs.saturating_sub(group + (queue + 1) * commit_batch + 1);
+    let small_queue = (queue / 2).max(1);
+    let queued = queue + (SMALL_WRITERS - 1) * small_queue;
+    let groups = SMALL_WRITERS * group;
+    let left = outputs.saturating_sub(groups + (queued + 1) * commit_batch + 1);
     let window = (left / 2).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
     Sizes {
         window,
         queue,
+        small_queue,
         commit_batch,
         group,
     }
@@ -631,14 +661,29 @@ fn run<S: FileStream>(
     let (commits, queue) = mpsc::sync_channel(sizes.queue);
     let pool = io::BufferPool::default();
     let (run_result, failed, committed) = std::thread::scope(|scope| {
-        let (writer_pool, bar_ref, force) = (pool.clone(), &bar, args.force);
-        let writer = scope.spawn(move || writer(queue, &writer_pool, force, sizes.group, bar_ref));
+        let (bar_ref, force) = (&bar, args.force);
+        let spawn_writer = |queue: mpsc::Receiver<ToWriter>| {
+            let writer_pool = pool.clone();
+            scope.spawn(move || writer(queue, &writer_pool, force, sizes.group, bar_ref))
+        };
+        let mut writers = vec![spawn_writer(queue)];
+        // Standard output is written by the main writer alone, in order.
+        let others = if stdout_busy { 0 } else { SMALL_WRITERS - 1 };
+        let small: Vec<_> = (0..others)
+            .map(|_| {
+                let (small, small_queue) = mpsc::sync_channel(sizes.small_queue);
+                writers.push(spawn_writer(small_queue));
+                small
+            })
+            .collect();
         let behind = io::WriteBehind {
             queue: commits.clone(),
             pool: pool.clone(),
         };
         let mut tally = Tally {
             commits,
+            small,
+            next_small: 0,
             finished: Vec::with_capacity(sizes.commit_batch),
             batch: sizes.commit_batch,
             failed: Vec::new(),
@@ -755,13 +800,24 @@ fn run<S: FileStream>(
         let run_result = pipeline.run(items, &mut tally);
         tally.send_finished();
         let Tally {
-            failed, commits, ..
+            failed,
+            commits,
+            small,
+            ..
         } = tally;
         // With the outputs' handles (gone with the pipeline's streams), this ends the
-        // writer's queue.
+        // writers' queues.
         drop(commits);
+        drop(small);
         drop(behind);
-        let committed = writer.join().expect("the writer does not panic");
+        let mut committed = Committed::default();
+        for w in writers {
+            let c = w.join().expect("the writer does not panic");
+            committed.ok += c.ok;
+            committed.bytes += c.bytes;
+            committed.failed.extend(c.failed);
+            committed.members.extend(c.members);
+        }
         (run_result, failed, committed)
     });
     bar.finish_and_clear();

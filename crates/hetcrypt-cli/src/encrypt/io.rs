@@ -590,6 +590,16 @@ impl Output {
         self.behind = None;
     }
 
+    /// Whether any of it went to the writer thread already (a temporary exists, its
+    /// buffers queued there), or it is standard output: then only that writer may
+    /// settle and name it, after those buffers.
+    pub fn written_behind(&self) -> bool {
+        match &self.sink {
+            Sink::Temp(t) => t.temp.is_some(),
+            Sink::Stdout(_) => true,
+        }
+    }
+
     /// The directory the output is named in (`None`: standard output, or not settled).
     pub fn dir(&self) -> Option<&DirFd> {
         match &self.sink {
