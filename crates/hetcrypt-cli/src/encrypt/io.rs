@@ -133,11 +133,25 @@ fn changed(f: &File, path: &Path, opened: Stamp, read: u64) -> Option<io::Error>
     )))
 }
 
-/// The truncation hook (see [`TEST_TRUNCATE_WHILE_READING`]); nothing in release
-/// builds.
+/// Debug builds only: after the first read of a source with this file name, append
+/// to it, so tests can grow a file while it is read, deterministically.
+const TEST_GROW_WHILE_READING: &str = "HETCRYPT_TEST_GROW_WHILE_READING";
+
+/// Bytes the growth hook appends.
+const TEST_GROWTH: &[u8] = b"appended while it was read";
+
+/// The truncation and growth hooks (see [`TEST_TRUNCATE_WHILE_READING`],
+/// [`TEST_GROW_WHILE_READING`]); nothing in release builds.
 fn test_truncate_while_reading(f: &File, path: &Path) {
     if !cfg!(debug_assertions) {
         return;
+    }
+    if let Some(name) = std::env::var_os(TEST_GROW_WHILE_READING) {
+        if path.file_name() == Some(name.as_os_str()) {
+            if let Ok(mut w) = std::fs::OpenOptions::new().append(true).open(path) {
+                let _ = w.write_all(TEST_GROWTH);
+            }
+        }
     }
     let Some(name) = std::env::var_os(TEST_TRUNCATE_WHILE_READING) else {
         return;
@@ -169,6 +183,17 @@ impl Input {
             unreachable!("called for files only");
         };
         let Some(f) = file else { return Ok(0) };
+        if *so_far == opened.size && opened.size > 0 && want > 0 {
+            // All the bytes it had when opened are read: its end, once its size and
+            // time are found unchanged, without a read to find it (a `readv` a file).
+            // A file that grew since it was opened has another size now, and fails
+            // below as it would after that read.
+            if let Some(e) = changed(f, path, *opened, *so_far) {
+                return Err(e);
+            }
+            *file = None;
+            return Ok(0);
+        }
         let n = read(f).map_err(|e| {
             io::Error::new(
                 e.kind(),
