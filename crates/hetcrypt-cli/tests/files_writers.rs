@@ -1,7 +1,7 @@
-//! Issue 24: a tree's outputs are made, written and named by two writer threads in
-//! turn. Whatever writer takes a file, the tree round-trips with contents and modes,
-//! the manifest lists every file, and a file that cannot be named fails alone, leaving
-//! what was there and no temporary.
+//! Issue 24: a tree's small outputs are made and written by the writer thread and a
+//! settler thread in turn, and all named by the writer. Whichever thread takes a file,
+//! the tree round-trips with contents and modes, the manifest lists every file, and a
+//! file that cannot be named fails alone, leaving what was there and no temporary.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -11,13 +11,13 @@ use std::process::Command;
 mod files_support;
 use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
 
-/// Files in the test tree: many commit messages (16 files each), so both writers
-/// take several, in every directory.
+/// Files in the test tree: many commit messages (16 files each), so the writer and
+/// the settler take several, in every directory.
 const FILES: usize = 150;
-/// Files per directory: a directory's files are split between the writers.
+/// Files per directory: a directory's files are split between the threads.
 const PER_DIR: usize = 40;
 /// Every this-many files is larger than a write buffer (128 KiB), so its buffers are
-/// written behind before it is named: those stay with the first writer.
+/// written behind before it is named: those stay with the writer.
 const LARGE_EVERY: usize = 37;
 /// Modes given in turn to the files: each must come back as it was, whatever the
 /// umask.
@@ -76,7 +76,7 @@ fn run_json(umask: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, serde_j
 }
 
 #[test]
-fn a_tree_shared_by_the_writers_round_trips_with_contents_and_modes() {
+fn a_tree_shared_by_writer_and_settler_round_trips_with_contents_and_modes() {
     for umask in UMASKS {
         let t = tempfile::tempdir().unwrap();
         let key = key(t.path());
@@ -112,7 +112,7 @@ fn a_tree_shared_by_the_writers_round_trips_with_contents_and_modes() {
 }
 
 #[test]
-fn outputs_in_the_way_fail_alone_whichever_writer_meets_them() {
+fn outputs_in_the_way_fail_alone_whichever_thread_settles_them() {
     let t = tempfile::tempdir().unwrap();
     let key = key(t.path());
     let (src, enc) = (t.path().join("src"), t.path().join("enc"));
@@ -144,6 +144,43 @@ fn outputs_in_the_way_fail_alone_whichever_writer_meets_them() {
             assert!(o.status.success(), "{i}: {}", stderr(&o));
             assert_eq!(fs::read(&dec).unwrap(), content(i), "{i}");
         }
+    }
+    assert_no_temporaries(&enc);
+}
+
+#[test]
+fn outputs_that_fail_to_settle_fail_alone_whichever_thread_settles_them() {
+    let t = tempfile::tempdir().unwrap();
+    let key = key(t.path());
+    let (src, enc) = (t.path().join("src"), t.path().join("enc"));
+    make_tree(&src);
+    let out = |i: usize| {
+        let mut p = enc.join(rel(i)).into_os_string();
+        p.push(".hc");
+        PathBuf::from(p)
+    };
+    // Debug builds: settling an output named `...7.hc` fails (one file in ten, in
+    // every message, so on the writer and the settler both).
+    let o = hetcrypt()
+        .args(["encrypt", "--json", "--key"])
+        .arg(&key)
+        .arg(&src)
+        .arg("-o")
+        .arg(&enc)
+        .env("HETCRYPT_TEST_FAIL_SETTLE", "7.hc")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let failing: Vec<usize> = (0..FILES).filter(|i| i % 10 == 7).collect();
+    assert_eq!(s["files_failed"], failing.len(), "{s:#}");
+    assert_eq!(s["files_ok"], FILES - failing.len(), "{s:#}");
+    for i in 0..FILES {
+        assert_eq!(out(i).exists(), !failing.contains(&i), "{i}");
+    }
+    for note in s["failed"].as_array().unwrap() {
+        let reason = note["reason"].as_str().unwrap();
+        assert!(reason.contains("settling failed (test hook)"), "{reason}");
     }
     assert_no_temporaries(&enc);
 }

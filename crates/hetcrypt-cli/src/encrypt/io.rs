@@ -53,6 +53,26 @@ const TEST_SWAP_DIR: &str = "HETCRYPT_TEST_SWAP_DIR";
 /// whole, one call per chunk).
 const SPARSE_MIN: usize = 4096;
 
+/// Debug builds only: settling an output whose file name ends with this variable's
+/// value fails (after its temporary is made and written), so tests can fail outputs on
+/// whichever thread settles them, deterministically.
+const TEST_FAIL_SETTLE: &str = "HETCRYPT_TEST_FAIL_SETTLE";
+
+/// The settle-failure hook (see [`TEST_FAIL_SETTLE`]); nothing in release builds.
+fn test_fail_settle(target: &Target) -> io::Result<()> {
+    if !cfg!(debug_assertions) {
+        return Ok(());
+    }
+    let Some(suffix) = std::env::var_os(TEST_FAIL_SETTLE) else {
+        return Ok(());
+    };
+    let name = target.rel.file_name().unwrap_or_default();
+    if name.as_encoded_bytes().ends_with(suffix.as_encoded_bytes()) {
+        return Err(io::Error::other("settling failed (test hook)"));
+    }
+    Ok(())
+}
+
 /// ENOSPC: the one write error people meet often enough to deserve plain words.
 const ENOSPC: i32 = 28;
 
@@ -647,7 +667,8 @@ impl Output {
                 // Nothing more is written: the output keeps no buffer while it waits.
                 t.buf = Vec::new();
                 let (end, written_end) = (t.at, t.written_end);
-                t.temp()?.prepare(mode, end, written_end)
+                t.temp()?.prepare(mode, end, written_end)?;
+                test_fail_settle(&t.target)
             }),
             Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
