@@ -11,7 +11,8 @@
 //! Reading, the engines and writing overlap: the pipeline runs each batch beside the
 //! reading of the next, and a writer thread writes the outputs behind and names them
 //! in commit groups, each after one `syncfs` per file system; a last `syncfs` makes
-//! the names durable before exit 0 (docs/format.md, "Durability").
+//! the names durable before exit 0 (docs/format.md, "Durability"). A settler thread
+//! makes and writes half of the small outputs for the writer to name.
 
 mod dest;
 mod io;
@@ -303,10 +304,10 @@ const SETTLERS: usize = 1;
 /// until named (the open-files limit may make groups smaller).
 const COMMIT_GROUP: usize = 1024;
 
-/// Finished outputs handed to the writer in one message: one wake-up of the writer
-/// for many small files (waking it per file cost more than writing them); each holds
-/// at most 32 KiB until the writer takes it, so a full queue holds at most 17 x 16 x
-/// 32 KiB = 8.5 MiB of them.
+/// Finished outputs handed to the writer (or a settler) in one message: one wake-up
+/// for many small files (waking the writer per file cost more than writing them); each
+/// holds at most 32 KiB until it is written, so a full writer's queue holds at most
+/// 17 x 16 x 32 KiB = 8.5 MiB of them, a settler's 9 x 16 x 32 KiB = 4.5 MiB.
 const COMMIT_BATCH: usize = 16;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
