@@ -11,7 +11,8 @@
 //! Reading, the engines and writing overlap: the pipeline runs each batch beside the
 //! reading of the next, and a writer thread writes the outputs behind and names them
 //! in commit groups, each after one `syncfs` per file system; a last `syncfs` makes
-//! the names durable before exit 0 (docs/format.md, "Durability").
+//! the names durable before exit 0 (docs/format.md, "Durability"). A settler thread
+//! makes and writes half of the small outputs for the writer to name.
 
 mod dest;
 mod io;
@@ -170,14 +171,22 @@ pub struct Finished {
 pub enum ToWriter {
     /// A buffer of an output, written at its offset.
     Write(io::QueuedWrite),
-    /// Complete outputs, to name.
+    /// Complete outputs, to settle and name.
     Commit(Vec<Finished>),
+    /// Complete outputs a settler made, wrote and prepared: to name.
+    Settled(Vec<Finished>),
 }
 
 /// Hands finished outputs to the writer thread, records failed ones (whose temporary
 /// files are removed as they drop), and moves the bar.
 struct Tally<'a> {
+    /// The main writer's queue: buffers written behind, and the outputs that had any.
     commits: mpsc::SyncSender<ToWriter>,
+    /// The settlers' queues: only outputs with nothing written behind (see
+    /// [`SETTLERS`]).
+    small: Vec<mpsc::SyncSender<ToWriter>>,
+    /// Which of the writer and the settlers takes the next message of small outputs.
+    next_small: usize,
     /// Finished outputs not yet handed over: sent `batch` at a time (one message, one
     /// wake-up of the writer, for many small files).
     finished: Vec<Finished>,
@@ -193,8 +202,18 @@ impl Tally<'_> {
             return;
         }
         let finished = std::mem::replace(&mut self.finished, Vec::with_capacity(self.batch));
-        if let Err(mpsc::SendError(ToWriter::Commit(lost))) =
-            self.commits.send(ToWriter::Commit(finished))
+        // An output written behind must be settled by the writer, which wrote its
+        // buffers (its queue has them first); one with nothing written behind may be
+        // settled by the writer or a settler, in turn.
+        let queue = if finished.iter().all(|f| !f.output.written_behind()) {
+            self.next_small = (self.next_small + 1) % (self.small.len() + 1);
+            self.small
+                .get(self.next_small.wrapping_sub(1))
+                .unwrap_or(&self.commits)
+        } else {
+            &self.commits
+        };
+        if let Err(mpsc::SendError(ToWriter::Commit(lost))) = queue.send(ToWriter::Commit(finished))
         {
             // The writer is gone only if it panicked; joining reports it.
             for f in lost {
@@ -269,16 +288,26 @@ struct Committed {
 /// for the writer thread: 16 x 128 KiB = 2 MiB of buffers at most.
 pub const WRITE_QUEUE: usize = 16;
 
+/// Settler threads beside the writer: a settler makes a small output's temporary (one
+/// with nothing written behind), writes and prepares it, then hands it to the writer,
+/// which names it in its commit groups; the writer and the settlers take the messages
+/// of small outputs in turn. On tmpfs a small output's temporary, write and link cost
+/// about what reading and encrypting its input does (15-18 us), so the writer alone
+/// bounded a tree's run while the second core sat partly idle. Naming (and so syncing)
+/// stays with the one writer: two threads each syncing their own groups made 2-6 times
+/// the syncs and a slower run on disk.
+const SETTLERS: usize = 1;
+
 /// Finished outputs the writer names after one sync of their file system (a commit
 /// group): enough that 4,000 small files on a disk need a handful of syncs rather than
 /// one each. Each is written before it joins a group, so it holds only a descriptor
 /// until named (the open-files limit may make groups smaller).
 const COMMIT_GROUP: usize = 1024;
 
-/// Finished outputs handed to the writer in one message: one wake-up of the writer
-/// for many small files (waking it per file cost more than writing them); each holds
-/// at most 32 KiB until the writer takes it, so a full queue holds at most 17 x 16 x
-/// 32 KiB = 8.5 MiB of them.
+/// Finished outputs handed to the writer (or a settler) in one message: one wake-up
+/// for many small files (waking the writer per file cost more than writing them); each
+/// holds at most 32 KiB until it is written, so a full writer's queue holds at most
+/// 17 x 16 x 32 KiB = 8.5 MiB of them, a settler's 9 x 16 x 32 KiB = 4.5 MiB.
 const COMMIT_BATCH: usize = 16;
 
 /// Descriptors an output may hold until it is committed: its temporary and its
@@ -294,8 +323,10 @@ const FD_MARGIN: u64 = 12;
 struct Sizes {
     /// Chunks per pipeline batch.
     window: usize,
-    /// Messages waiting for the writer.
+    /// Messages waiting for the main writer.
     queue: usize,
+    /// Messages (of small outputs only) waiting for each settler.
+    small_queue: usize,
     /// Finished outputs per message to the writer.
     commit_batch: usize,
     /// Finished outputs per commit group (one sync).
@@ -333,11 +364,15 @@ fn bound_open_files() -> Sizes {
     let group = (outputs / 4).clamp(1, COMMIT_GROUP);
     let commit_batch = (outputs / 64).clamp(1, COMMIT_BATCH);
     let queue = (outputs / (8 * commit_batch)).clamp(1, WRITE_QUEUE);
-    let left = outputs.saturating_sub(group + (queue + 1) * commit_batch + 1);
+    let small_queue = (queue / 2).max(1);
+    // The writer's queue, the settlers' queues and the message each settler holds.
+    let queued = queue + SETTLERS * (small_queue + 1);
+    let left = outputs.saturating_sub(group + (queued + 1) * commit_batch + 1);
     let window = (left / 2).clamp(1, hetcrypt_format::pipeline::WINDOW_CHUNKS);
     Sizes {
         window,
         queue,
+        small_queue,
         commit_batch,
         group,
     }
@@ -376,19 +411,15 @@ fn writer(
             None => break,
             Some(ToWriter::Write(w)) => w.run(pool),
             Some(ToWriter::Commit(finished)) => {
-                for mut f in finished {
-                    // Its buffers are all written (they came first): the rest, if
-                    // any, is written now, so the group holds descriptors, not data.
-                    f.output.detach();
-                    if let Err(e) = f.output.settle() {
-                        let reason = human_error(&FormatError::Io(e));
-                        report_failure(bar, &f.name, &reason);
-                        done.failed.push(Note {
-                            path: f.name,
-                            reason,
-                        });
-                        continue;
+                for f in settle(finished, bar, &mut done.failed) {
+                    group.push(f);
+                    if group.len() >= group_max {
+                        commit_group(&mut group, force, bar, &mut done);
                     }
+                }
+            }
+            Some(ToWriter::Settled(settled)) => {
+                for f in settled {
                     group.push(f);
                     if group.len() >= group_max {
                         commit_group(&mut group, force, bar, &mut done);
@@ -399,6 +430,59 @@ fn writer(
     }
     commit_group(&mut group, force, bar, &mut done);
     done
+}
+
+/// Settles finished outputs: each one's buffers are all written (they came first in
+/// the writer's queue; a settler gets only outputs with none written behind), the rest
+/// is written now, mode and length set, so a commit group holds descriptors, not data.
+/// Returns those settled; failures go to `failed`, their temporaries dropped.
+fn settle(finished: Vec<Finished>, bar: &ProgressBar, failed: &mut Vec<Note>) -> Vec<Finished> {
+    let mut settled = Vec::with_capacity(finished.len());
+    for mut f in finished {
+        f.output.detach();
+        match f.output.settle() {
+            Ok(()) => settled.push(f),
+            Err(e) => {
+                let reason = human_error(&FormatError::Io(e));
+                report_failure(bar, &f.name, &reason);
+                failed.push(Note {
+                    path: f.name,
+                    reason,
+                });
+            }
+        }
+    }
+    settled
+}
+
+/// A settler thread: settles the small outputs of each message it is given (their
+/// temporaries made, written and prepared) and hands them to the writer to name.
+/// Returns the outputs that failed.
+fn settler(
+    queue: mpsc::Receiver<ToWriter>,
+    writer: &mpsc::SyncSender<ToWriter>,
+    bar: &ProgressBar,
+) -> Vec<Note> {
+    let mut failed = Vec::new();
+    for message in queue {
+        let ToWriter::Commit(finished) = message else {
+            // Only the writer is sent buffers; nothing else comes here.
+            continue;
+        };
+        let settled = settle(finished, bar, &mut failed);
+        if let Err(mpsc::SendError(ToWriter::Settled(lost))) =
+            writer.send(ToWriter::Settled(settled))
+        {
+            // The writer is gone only if it panicked; joining reports it.
+            for f in lost {
+                failed.push(Note {
+                    path: f.name,
+                    reason: "internal error: the writer stopped".into(),
+                });
+            }
+        }
+    }
+    failed
 }
 
 /// Syncs (one `syncfs` per file system) and names a group of settled outputs.
@@ -633,12 +717,26 @@ fn run<S: FileStream>(
     let (run_result, failed, committed) = std::thread::scope(|scope| {
         let (writer_pool, bar_ref, force) = (pool.clone(), &bar, args.force);
         let writer = scope.spawn(move || writer(queue, &writer_pool, force, sizes.group, bar_ref));
+        // Standard output is written by the writer alone, in order.
+        let settlers = if stdout_busy { 0 } else { SETTLERS };
+        let mut settler_threads = Vec::with_capacity(settlers);
+        let small: Vec<_> = (0..settlers)
+            .map(|_| {
+                let (small, small_queue) = mpsc::sync_channel(sizes.small_queue);
+                let to_writer = commits.clone();
+                settler_threads
+                    .push(scope.spawn(move || settler(small_queue, &to_writer, bar_ref)));
+                small
+            })
+            .collect();
         let behind = io::WriteBehind {
             queue: commits.clone(),
             pool: pool.clone(),
         };
         let mut tally = Tally {
             commits,
+            small,
+            next_small: 0,
             finished: Vec::with_capacity(sizes.commit_batch),
             batch: sizes.commit_batch,
             failed: Vec::new(),
@@ -755,13 +853,22 @@ fn run<S: FileStream>(
         let run_result = pipeline.run(items, &mut tally);
         tally.send_finished();
         let Tally {
-            failed, commits, ..
+            failed,
+            commits,
+            small,
+            ..
         } = tally;
-        // With the outputs' handles (gone with the pipeline's streams), this ends the
-        // writer's queue.
+        // Ends the settlers' queues; once they are done, and with the outputs' handles
+        // gone with the pipeline's streams, the writer's.
+        drop(small);
+        let mut settle_failed = Vec::new();
+        for s in settler_threads {
+            settle_failed.extend(s.join().expect("a settler does not panic"));
+        }
         drop(commits);
         drop(behind);
-        let committed = writer.join().expect("the writer does not panic");
+        let mut committed = writer.join().expect("the writer does not panic");
+        committed.failed.extend(settle_failed);
         (run_result, failed, committed)
     });
     bar.finish_and_clear();

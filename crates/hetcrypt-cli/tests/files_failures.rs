@@ -370,6 +370,42 @@ fn a_file_truncated_while_it_is_encrypted_fails_and_leaves_nothing() {
     assert_no_temporaries(&out);
 }
 
+#[test]
+fn a_file_grown_while_it_is_encrypted_fails_and_leaves_nothing() {
+    // Sizes read whole by the first read (its end then found by `fstat`, not by
+    // another read) and one read in several.
+    for size in [16_384usize, 5_000, 300_000] {
+        let t = tempfile::tempdir().unwrap();
+        let key = key(t.path());
+        let src = t.path().join("src");
+        fs::create_dir(&src).unwrap();
+        fs::write(src.join("grows"), vec![5u8; size]).unwrap();
+        fs::write(src.join("still"), vec![6u8; size]).unwrap();
+        let out = t.path().join("out");
+        let o = hetcrypt()
+            .args(["encrypt", "--json", "--key"])
+            .arg(&key)
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            // Debug builds: append to `grows` after its first read.
+            .env("HETCRYPT_TEST_GROW_WHILE_READING", "grows")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{size}: {}", stderr(&o));
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(s["files_ok"], 1, "{size}: {s:#}");
+        let reason = s["failed"][0]["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("changed while it was read"),
+            "{size}: {reason}"
+        );
+        assert!(!out.join("grows.hc").exists(), "{size}");
+        assert!(out.join("still.hc").is_file(), "{size}");
+        assert_no_temporaries(&out);
+    }
+}
+
 /// `levels` nested directories of 200-byte names under `root`, each holding a file `f`
 /// that says its level, made through descriptors (the paths exceed PATH_MAX).
 fn deep_tree(root: &Path, levels: usize) {

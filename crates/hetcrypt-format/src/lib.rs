@@ -30,6 +30,7 @@ pub mod header;
 pub mod kdf;
 pub mod manifest;
 pub mod pipeline;
+mod salt;
 pub mod stream;
 
 use hetcrypt::engine::EngineRef;

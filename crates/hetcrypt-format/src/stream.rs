@@ -304,11 +304,7 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
         let aead = self.params.aead;
         let salt = match self.params.salt {
             Some(salt) => salt,
-            None => {
-                let mut salt = [0u8; SALT_LEN];
-                openssl::rand::rand_bytes(&mut salt)?;
-                salt
-            }
+            None => crate::salt::fresh()?,
         };
         let context: Vec<u8> = match &self.params.framing {
             Framing::Hetcrypt => {

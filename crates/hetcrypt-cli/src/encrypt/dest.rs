@@ -14,6 +14,7 @@
 //!   directory (a name whose process is gone). Its name has a fixed length, so a legal
 //!   destination name never fails for the temporary's sake.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -171,24 +172,26 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
     Ok((dir, created))
 }
 
-/// The directory the last output went into: consecutive outputs of a tree share one
-/// descriptor. (It stays the directory opened beneath the root even if a link
-/// replaces its name later: writes remain confined.)
-static LAST_DIR: Mutex<Option<(PathBuf, PathBuf, DirFd)>> = Mutex::new(None);
+thread_local! {
+    /// The directory this thread's last output went into: consecutive outputs of a
+    /// tree share one descriptor. Per thread, so writers taking a tree's outputs in
+    /// turn do not evict each other's. (It stays the directory opened beneath the root
+    /// even if a link replaces its name later: writes remain confined.)
+    static LAST_DIR: RefCell<Option<(PathBuf, PathBuf, DirFd)>> = const { RefCell::new(None) };
+}
 
 /// [`open_dir`] with creation, reusing the last directory's descriptor.
 pub fn open_output_dir(root: &Path, rel: &Path) -> io::Result<DirFd> {
-    let mut last = LAST_DIR
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((r, p, dir)) = last.as_ref() {
-        if r == root && p == rel {
-            return Ok(dir.clone());
+    LAST_DIR.with_borrow_mut(|last| {
+        if let Some((r, p, dir)) = last.as_ref() {
+            if r == root && p == rel {
+                return Ok(dir.clone());
+            }
         }
-    }
-    let (dir, _) = open_dir(root, rel, true)?;
-    *last = Some((root.to_path_buf(), rel.to_path_buf(), dir.clone()));
-    Ok(dir)
+        let (dir, _) = open_dir(root, rel, true)?;
+        *last = Some((root.to_path_buf(), rel.to_path_buf(), dir.clone()));
+        Ok(dir)
+    })
 }
 
 /// Named temporaries alive now, by id: what a signal removes.
@@ -303,21 +306,23 @@ pub fn remove_temporaries_on_signals() -> io::Result<()> {
     Ok(())
 }
 
-/// The directory swept last: consecutive outputs share their directory's descriptor
-/// (see `open_output_dir`), so most need no `fstat` to know theirs was swept.
-static LAST_SWEPT: Mutex<Option<Arc<OwnedFd>>> = Mutex::new(None);
+thread_local! {
+    /// The directory this thread swept last: consecutive outputs share their
+    /// directory's descriptor (see `open_output_dir`), so most need no `fstat` to know
+    /// theirs was swept.
+    static LAST_SWEPT: RefCell<Option<Arc<OwnedFd>>> = const { RefCell::new(None) };
+}
 
 /// Removes the named temporaries of earlier runs whose process is gone, once per
 /// directory per run; says so on stderr.
 fn sweep_leftovers(dir: &DirFd) {
-    {
-        let mut last = LAST_SWEPT
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &dir.fd)) {
-            return;
-        }
+    let seen = LAST_SWEPT.with_borrow_mut(|last| {
+        let seen = last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &dir.fd));
         *last = Some(dir.fd.clone());
+        seen
+    });
+    if seen {
+        return;
     }
     let Ok(st) = rustix::fs::fstat(&*dir.fd) else {
         return;

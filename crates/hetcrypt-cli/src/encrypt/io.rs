@@ -53,6 +53,26 @@ const TEST_SWAP_DIR: &str = "HETCRYPT_TEST_SWAP_DIR";
 /// whole, one call per chunk).
 const SPARSE_MIN: usize = 4096;
 
+/// Debug builds only: settling an output whose file name ends with this variable's
+/// value fails (after its temporary is made and written), so tests can fail outputs on
+/// whichever thread settles them, deterministically.
+const TEST_FAIL_SETTLE: &str = "HETCRYPT_TEST_FAIL_SETTLE";
+
+/// The settle-failure hook (see [`TEST_FAIL_SETTLE`]); nothing in release builds.
+fn test_fail_settle(target: &Target) -> io::Result<()> {
+    if !cfg!(debug_assertions) {
+        return Ok(());
+    }
+    let Some(suffix) = std::env::var_os(TEST_FAIL_SETTLE) else {
+        return Ok(());
+    };
+    let name = target.rel.file_name().unwrap_or_default();
+    if name.as_encoded_bytes().ends_with(suffix.as_encoded_bytes()) {
+        return Err(io::Error::other("settling failed (test hook)"));
+    }
+    Ok(())
+}
+
 /// ENOSPC: the one write error people meet often enough to deserve plain words.
 const ENOSPC: i32 = 28;
 
@@ -133,11 +153,25 @@ fn changed(f: &File, path: &Path, opened: Stamp, read: u64) -> Option<io::Error>
     )))
 }
 
-/// The truncation hook (see [`TEST_TRUNCATE_WHILE_READING`]); nothing in release
-/// builds.
+/// Debug builds only: after the first read of a source with this file name, append
+/// to it, so tests can grow a file while it is read, deterministically.
+const TEST_GROW_WHILE_READING: &str = "HETCRYPT_TEST_GROW_WHILE_READING";
+
+/// Bytes the growth hook appends.
+const TEST_GROWTH: &[u8] = b"appended while it was read";
+
+/// The truncation and growth hooks (see [`TEST_TRUNCATE_WHILE_READING`],
+/// [`TEST_GROW_WHILE_READING`]); nothing in release builds.
 fn test_truncate_while_reading(f: &File, path: &Path) {
     if !cfg!(debug_assertions) {
         return;
+    }
+    if let Some(name) = std::env::var_os(TEST_GROW_WHILE_READING) {
+        if path.file_name() == Some(name.as_os_str()) {
+            if let Ok(mut w) = std::fs::OpenOptions::new().append(true).open(path) {
+                let _ = w.write_all(TEST_GROWTH);
+            }
+        }
     }
     let Some(name) = std::env::var_os(TEST_TRUNCATE_WHILE_READING) else {
         return;
@@ -169,6 +203,17 @@ impl Input {
             unreachable!("called for files only");
         };
         let Some(f) = file else { return Ok(0) };
+        if *so_far == opened.size && opened.size > 0 && want > 0 {
+            // All the bytes it had when opened are read: its end, once its size and
+            // time are found unchanged, without a read to find it (a `readv` a file).
+            // A file that grew since it was opened has another size now, and fails
+            // below as it would after that read.
+            if let Some(e) = changed(f, path, *opened, *so_far) {
+                return Err(e);
+            }
+            *file = None;
+            return Ok(0);
+        }
         let n = read(f).map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -590,6 +635,16 @@ impl Output {
         self.behind = None;
     }
 
+    /// Whether any of it went to the writer thread already (a temporary exists, its
+    /// buffers queued there), or it is standard output: then only that writer may
+    /// settle and name it, after those buffers.
+    pub fn written_behind(&self) -> bool {
+        match &self.sink {
+            Sink::Temp(t) => t.temp.is_some(),
+            Sink::Stdout(_) => true,
+        }
+    }
+
     /// The directory the output is named in (`None`: standard output, or not settled).
     pub fn dir(&self) -> Option<&DirFd> {
         match &self.sink {
@@ -612,7 +667,8 @@ impl Output {
                 // Nothing more is written: the output keeps no buffer while it waits.
                 t.buf = Vec::new();
                 let (end, written_end) = (t.at, t.written_end);
-                t.temp()?.prepare(mode, end, written_end)
+                t.temp()?.prepare(mode, end, written_end)?;
+                test_fail_settle(&t.target)
             }),
             Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
