@@ -232,67 +232,67 @@ impl Dispatcher {
         // before any lane starts, as no engine that still works can run them.
         let mut unrunnable: Vec<(usize, Result<JobOutput>)> = Vec::new();
         let mut bytes = 0u64;
-        // Per job: its (cipher, direction) pair, as an index into `support`.
-        let mut classes: Vec<u16> = Vec::with_capacity(jobs.len());
         // The last key found registered: runs of jobs share a key, so the store is
         // asked once per run. A removed key's contexts may still sit in a lane's cache;
         // its jobs must fail all the same.
         let mut known_key: Option<KeyId> = None;
-        // The last pair seen and its index: runs of jobs share a pair too, so the
-        // list is searched once per run (the search per job was a tenth of a
-        // 16-byte CTR job's planning).
-        let mut last_pair: Option<((Cipher, Direction), usize)> = None;
-        let metas: Vec<JobMeta> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, job)| {
-                let pair = (job.cipher, job.direction);
-                let k = match last_pair {
-                    Some((seen, k)) if seen == pair => k,
-                    _ => {
-                        let k = match support.iter().position(|s| s.pair == pair) {
-                            Some(k) => k,
-                            None => {
-                                support.push(Support::of(&self.engines, pair));
-                                support.len() - 1
-                            }
-                        };
-                        last_pair = Some((pair, k));
-                        k
-                    }
-                };
-                let known = &support[k];
-                classes.push(u16::try_from(k).expect("fewer pairs than ciphers x directions"));
-                let engines = known.for_len(job.input.len() + job.aad.len());
-                if known_key != Some(job.key) {
-                    if self.keys.contains(job.key) {
-                        known_key = Some(job.key);
-                    } else {
-                        unrunnable.push((i, Err(Error::UnknownKey(job.key.0))));
-                        bytes += job.len() as u64;
-                        return JobMeta {
-                            len: job.len(),
-                            cipher: job.cipher,
-                            direction: job.direction,
-                            engines: EngineMask::default(),
-                        };
-                    }
+        // The last pair seen, its index in `support` and, where no engine limits its
+        // job size, the engines that run it at any size: runs of jobs share a pair
+        // too, so the list is searched once per run (the search per job was a tenth
+        // of a 16-byte CTR job's planning) and most jobs need no size check.
+        let mut last_pair: Option<((Cipher, Direction), usize, Option<EngineMask>)> = None;
+        let mut metas: Vec<JobMeta> = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            let pair = (job.cipher, job.direction);
+            let (k, any_size) = match last_pair {
+                Some((seen, k, any_size)) if seen == pair => (k, any_size),
+                _ => {
+                    let k = match support.iter().position(|s| s.pair == pair) {
+                        Some(k) => k,
+                        None => {
+                            support.push(Support::of(&self.engines, pair));
+                            support.len() - 1
+                        }
+                    };
+                    let known = &support[k];
+                    let any_size = known.limits.is_empty().then_some(known.engines);
+                    last_pair = Some((pair, k, any_size));
+                    (k, any_size)
                 }
-                if engines.intersect(alive).is_empty() {
-                    let error = known
-                        .too_large(job, &self.engines, alive)
-                        .unwrap_or(Error::NoEngine { cipher: job.cipher });
-                    unrunnable.push((i, Err(error)));
+            };
+            let len = job.len();
+            bytes += len as u64;
+            let engines = match any_size {
+                Some(engines) => engines,
+                None => support[k].for_len(len + job.aad.len()),
+            };
+            if known_key != Some(job.key) {
+                if self.keys.contains(job.key) {
+                    known_key = Some(job.key);
+                } else {
+                    unrunnable.push((i, Err(Error::UnknownKey(job.key.0))));
+                    metas.push(JobMeta {
+                        len,
+                        cipher: job.cipher,
+                        direction: job.direction,
+                        engines: EngineMask::default(),
+                    });
+                    continue;
                 }
-                bytes += job.len() as u64;
-                JobMeta {
-                    len: job.len(),
-                    cipher: job.cipher,
-                    direction: job.direction,
-                    engines,
-                }
-            })
-            .collect();
+            }
+            if engines.intersect(alive).is_empty() {
+                let error = support[k]
+                    .too_large(job, &self.engines, alive)
+                    .unwrap_or(Error::NoEngine { cipher: job.cipher });
+                unrunnable.push((i, Err(error)));
+            }
+            metas.push(JobMeta {
+                len,
+                cipher: job.cipher,
+                direction: job.direction,
+                engines,
+            });
+        }
         let engine_metas: Vec<EngineMeta> = self
             .engines
             .iter()
@@ -350,10 +350,10 @@ impl Dispatcher {
             outputs.drain(..).filter_map(Result::ok).collect()
         };
 
-        let widths: Vec<Vec<usize>> = support.iter().map(|s| s.widths.clone()).collect();
+        let widths: Vec<((Cipher, Direction), Vec<usize>)> =
+            support.iter().map(|s| (s.pair, s.widths.clone())).collect();
         let shared = Shared {
             jobs,
-            classes: &classes,
             widths: &widths,
             alive_at_start: alive,
             metas: &metas,
@@ -669,10 +669,8 @@ impl Drop for LaneExit<'_, '_> {
 /// What the lane threads of one batch share.
 struct Shared<'a> {
     jobs: &'a [Job],
-    /// Per job: its (cipher, direction) class, an index into `widths`.
-    classes: &'a [u16],
-    /// Per class, per engine: jobs a lane takes in one pull.
-    widths: &'a [Vec<usize>],
+    /// Per (cipher, direction) of the batch, per engine: jobs a lane takes in one pull.
+    widths: &'a [((Cipher, Direction), Vec<usize>)],
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
@@ -1055,6 +1053,17 @@ impl Shared<'_> {
         }
     }
 
+    /// The pull width of `engine` for the (cipher, direction) of job `job` (a search
+    /// of the batch's few pairs per pull, not a class stored per job).
+    fn width_after(&self, job: usize, engine: usize) -> Option<usize> {
+        let meta = &self.metas[job];
+        let pair = (meta.cipher, meta.direction);
+        self.widths
+            .iter()
+            .find(|(p, _)| *p == pair)
+            .map(|(_, w)| w[engine])
+    }
+
     /// Moves up to `n` spare output buffers into `out` (none once the pool is empty).
     fn take_spare(&self, n: usize, out: &mut Vec<JobOutput>) {
         let mut pool = lock(&self.spare);
@@ -1143,7 +1152,7 @@ impl Shared<'_> {
         let mut max = self
             .widths
             .iter()
-            .map(|w| w[meta.engine])
+            .map(|(_, w)| w[meta.engine])
             .max()
             .unwrap_or(1)
             .min(cap);
@@ -1185,7 +1194,7 @@ impl Shared<'_> {
             }
             let n = picked.len();
             if let Some(&last) = picked.last() {
-                max = self.widths[usize::from(self.classes[last])][meta.engine].min(cap);
+                max = self.width_after(last, meta.engine).unwrap_or(max).min(cap);
             }
             let started = per_pull.then(Instant::now);
             let cpu_before = if timing {
