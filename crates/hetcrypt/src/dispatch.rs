@@ -777,7 +777,8 @@ struct LaneEnd {
 enum Sink<'s> {
     /// The batch's own output slots, one per job in job order: the lane runs in-line,
     /// alone. Each slot holds a spare buffer (the caller's previous outputs) that the
-    /// lane swaps in before a pull and back, with its result, after; what the lane
+    /// lane writes in place ([`Lane::run_slots`]) or, where it refuses a pull, that is
+    /// swapped in before the pull and back, with its result, after; what the lane
     /// records per pull is the run of jobs it did, not a result per job.
     Slots {
         outputs: &'s mut [Result<JobOutput>],
