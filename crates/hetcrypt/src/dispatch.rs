@@ -228,71 +228,13 @@ impl Dispatcher {
             alive.insert(e);
         }
         // Results are put in job order after the lanes join, from what each lane kept
-        // (lanes share no per-job state while they run); these are the jobs that end
-        // before any lane starts, as no engine that still works can run them.
-        let mut unrunnable: Vec<(usize, Result<JobOutput>)> = Vec::new();
-        let mut bytes = 0u64;
-        // Per job: its (cipher, direction) pair, as an index into `support`.
-        let mut classes: Vec<u16> = Vec::with_capacity(jobs.len());
-        // The last key found registered: runs of jobs share a key, so the store is
-        // asked once per run. A removed key's contexts may still sit in a lane's cache;
-        // its jobs must fail all the same.
-        let mut known_key: Option<KeyId> = None;
-        // The last pair seen and its index: runs of jobs share a pair too, so the
-        // list is searched once per run (the search per job was a tenth of a
-        // 16-byte CTR job's planning).
-        let mut last_pair: Option<((Cipher, Direction), usize)> = None;
-        let metas: Vec<JobMeta> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, job)| {
-                let pair = (job.cipher, job.direction);
-                let k = match last_pair {
-                    Some((seen, k)) if seen == pair => k,
-                    _ => {
-                        let k = match support.iter().position(|s| s.pair == pair) {
-                            Some(k) => k,
-                            None => {
-                                support.push(Support::of(&self.engines, pair));
-                                support.len() - 1
-                            }
-                        };
-                        last_pair = Some((pair, k));
-                        k
-                    }
-                };
-                let known = &support[k];
-                classes.push(u16::try_from(k).expect("fewer pairs than ciphers x directions"));
-                let engines = known.for_len(job.input.len() + job.aad.len());
-                if known_key != Some(job.key) {
-                    if self.keys.contains(job.key) {
-                        known_key = Some(job.key);
-                    } else {
-                        unrunnable.push((i, Err(Error::UnknownKey(job.key.0))));
-                        bytes += job.len() as u64;
-                        return JobMeta {
-                            len: job.len(),
-                            cipher: job.cipher,
-                            direction: job.direction,
-                            engines: EngineMask::default(),
-                        };
-                    }
-                }
-                if engines.intersect(alive).is_empty() {
-                    let error = known
-                        .too_large(job, &self.engines, alive)
-                        .unwrap_or(Error::NoEngine { cipher: job.cipher });
-                    unrunnable.push((i, Err(error)));
-                }
-                bytes += job.len() as u64;
-                JobMeta {
-                    len: job.len(),
-                    cipher: job.cipher,
-                    direction: job.direction,
-                    engines,
-                }
-            })
-            .collect();
+        // (lanes share no per-job state while they run); `unrunnable` are the jobs
+        // that end before any lane starts, as no engine that still works can run them.
+        let Planned {
+            metas,
+            unrunnable,
+            bytes,
+        } = self.plan_jobs(jobs, alive, &mut support);
         let engine_metas: Vec<EngineMeta> = self
             .engines
             .iter()
@@ -350,10 +292,10 @@ impl Dispatcher {
             outputs.drain(..).filter_map(Result::ok).collect()
         };
 
-        let widths: Vec<Vec<usize>> = support.iter().map(|s| s.widths.clone()).collect();
+        let widths: Vec<((Cipher, Direction), Vec<usize>)> =
+            support.iter().map(|s| (s.pair, s.widths.clone())).collect();
         let shared = Shared {
             jobs,
-            classes: &classes,
             widths: &widths,
             alive_at_start: alive,
             metas: &metas,
@@ -570,6 +512,114 @@ impl Dispatcher {
         };
         Ok(report)
     }
+
+    /// Every job's [`JobMeta`] for the policy, the jobs no working engine can run (with
+    /// their error), and the batch's bytes; `support` gains the batch's new (cipher,
+    /// direction) pairs. A function of its own, not inlined into `run_into`: in its
+    /// loop the compiler kept the per-job state in memory, not in registers (its
+    /// stores were a fifth of the caller's share of a 16-byte CTR job).
+    #[inline(never)]
+    fn plan_jobs(&self, jobs: &[Job], alive: EngineMask, support: &mut Vec<Support>) -> Planned {
+        let mut unrunnable: Vec<(usize, Result<JobOutput>)> = Vec::new();
+        let mut bytes = 0u64;
+        // The last key found registered: runs of jobs share a key, so the store is
+        // asked once per run. A removed key's contexts may still sit in a lane's cache;
+        // its jobs must fail all the same.
+        let mut known_key: Option<KeyId> = None;
+        // The last pair seen, its index in `support` and, where no engine limits its
+        // job size, the engines that run it at any size: runs of jobs share a pair
+        // too, so the list is searched once per run (the search per job was a tenth
+        // of a 16-byte CTR job's planning) and most jobs need no size check.
+        let mut last_pair: Option<((Cipher, Direction), usize, Option<EngineMask>)> = None;
+        let mut metas: Vec<JobMeta> = Vec::with_capacity(jobs.len());
+        let mut i = 0;
+        while i < jobs.len() {
+            let job = &jobs[i];
+            let pair = (job.cipher, job.direction);
+            let (k, any_size) = match last_pair {
+                Some((seen, k, any_size)) if seen == pair => (k, any_size),
+                _ => {
+                    let k = match support.iter().position(|s| s.pair == pair) {
+                        Some(k) => k,
+                        None => {
+                            support.push(Support::of(&self.engines, pair));
+                            support.len() - 1
+                        }
+                    };
+                    let known = &support[k];
+                    let any_size = known.limits.is_empty().then_some(known.engines);
+                    last_pair = Some((pair, k, any_size));
+                    (k, any_size)
+                }
+            };
+            let len = job.len();
+            bytes += len as u64;
+            let engines = match any_size {
+                Some(engines) => engines,
+                None => support[k].for_len(len + job.aad.len()),
+            };
+            if known_key != Some(job.key) {
+                if self.keys.contains(job.key) {
+                    known_key = Some(job.key);
+                } else {
+                    unrunnable.push((i, Err(Error::UnknownKey(job.key.0))));
+                    metas.push(JobMeta {
+                        len,
+                        cipher: job.cipher,
+                        direction: job.direction,
+                        engines: EngineMask::default(),
+                    });
+                    i += 1;
+                    continue;
+                }
+            }
+            let runnable = !engines.intersect(alive).is_empty();
+            if !runnable {
+                let error = support[k]
+                    .too_large(job, &self.engines, alive)
+                    .unwrap_or(Error::NoEngine { cipher: job.cipher });
+                unrunnable.push((i, Err(error)));
+            }
+            metas.push(JobMeta {
+                len,
+                cipher: job.cipher,
+                direction: job.direction,
+                engines,
+            });
+            i += 1;
+            // The jobs after it of the same pair and key, whatever their size (the
+            // common batch): the same engines, nothing to look up, a tight loop.
+            if any_size.is_some() && runnable {
+                let (cipher, direction, key) = (job.cipher, job.direction, job.key);
+                for next in &jobs[i..] {
+                    if next.cipher != cipher || next.direction != direction || next.key != key {
+                        break;
+                    }
+                    let len = next.len();
+                    bytes += len as u64;
+                    metas.push(JobMeta {
+                        len,
+                        cipher,
+                        direction,
+                        engines,
+                    });
+                    i += 1;
+                }
+            }
+        }
+        Planned {
+            metas,
+            unrunnable,
+            bytes,
+        }
+    }
+}
+
+/// What planning a batch gives: see [`Dispatcher::plan_jobs`].
+struct Planned {
+    metas: Vec<JobMeta>,
+    unrunnable: Vec<(usize, Result<JobOutput>)>,
+    bytes: u64,
 }
 
 /// Which engines run one (cipher, direction), and the size limits some declare.
@@ -669,10 +719,8 @@ impl Drop for LaneExit<'_, '_> {
 /// What the lane threads of one batch share.
 struct Shared<'a> {
     jobs: &'a [Job],
-    /// Per job: its (cipher, direction) class, an index into `widths`.
-    classes: &'a [u16],
-    /// Per class, per engine: jobs a lane takes in one pull.
-    widths: &'a [Vec<usize>],
+    /// Per (cipher, direction) of the batch, per engine: jobs a lane takes in one pull.
+    widths: &'a [((Cipher, Direction), Vec<usize>)],
     metas: &'a [JobMeta],
     schedule: &'a dyn Schedule,
     keys: &'a KeyStore,
@@ -729,7 +777,8 @@ struct LaneEnd {
 enum Sink<'s> {
     /// The batch's own output slots, one per job in job order: the lane runs in-line,
     /// alone. Each slot holds a spare buffer (the caller's previous outputs) that the
-    /// lane swaps in before a pull and back, with its result, after; what the lane
+    /// lane writes in place ([`Lane::run_slots`]) or, where it refuses a pull, that is
+    /// swapped in before the pull and back, with its result, after; what the lane
     /// records per pull is the run of jobs it did, not a result per job.
     Slots {
         outputs: &'s mut [Result<JobOutput>],
@@ -793,15 +842,11 @@ impl Sink<'_> {
                         Err(e) => outputs[j] = Err(e),
                     }
                 }
-                let mut add = |run: Range<usize>| match done.last_mut() {
-                    Some(last) if last.end == run.start => last.end = run.end,
-                    _ => done.push(run),
-                };
                 if in_hand.is_empty() && is_run(picked) {
-                    add(picked[0]..picked[0] + picked.len());
+                    add_run(done, picked[0]..picked[0] + picked.len());
                 } else {
                     for &j in picked.iter().filter(|&&j| !handed_back(j)) {
-                        add(j..j + 1);
+                        add_run(done, j..j + 1);
                     }
                 }
             }
@@ -831,6 +876,15 @@ impl Sink<'_> {
             done,
             ascending,
         }
+    }
+}
+
+/// Records that the slots of `run` hold their jobs' results, merged with the last run
+/// recorded where they meet.
+fn add_run(done: &mut Vec<Range<usize>>, run: Range<usize>) {
+    match done.last_mut() {
+        Some(last) if last.end == run.start => last.end = run.end,
+        _ => done.push(run),
     }
 }
 
@@ -1050,6 +1104,17 @@ impl Shared<'_> {
         }
     }
 
+    /// The pull width of `engine` for the (cipher, direction) of job `job` (a search
+    /// of the batch's few pairs per pull, not a class stored per job).
+    fn width_after(&self, job: usize, engine: usize) -> Option<usize> {
+        let meta = &self.metas[job];
+        let pair = (meta.cipher, meta.direction);
+        self.widths
+            .iter()
+            .find(|(p, _)| *p == pair)
+            .map(|(_, w)| w[engine])
+    }
+
     /// Moves up to `n` spare output buffers into `out` (none once the pool is empty).
     fn take_spare(&self, n: usize, out: &mut Vec<JobOutput>) {
         let mut pool = lock(&self.spare);
@@ -1138,7 +1203,7 @@ impl Shared<'_> {
         let mut max = self
             .widths
             .iter()
-            .map(|w| w[meta.engine])
+            .map(|(_, w)| w[meta.engine])
             .max()
             .unwrap_or(1)
             .min(cap);
@@ -1180,17 +1245,7 @@ impl Shared<'_> {
             }
             let n = picked.len();
             if let Some(&last) = picked.last() {
-                max = self.widths[usize::from(self.classes[last])][meta.engine].min(cap);
-            }
-            refs.clear();
-            refs.extend(picked.iter().map(|&j| &self.jobs[j]));
-            match &mut sink {
-                Sink::Slots { .. } => sink.lend(&picked, &mut outs[..n]),
-                Sink::List { .. } => {
-                    if spare_left {
-                        spare_left = self.fill_spares(&mut outs[..n], &mut spare);
-                    }
-                }
+                max = self.width_after(last, meta.engine).unwrap_or(max).min(cap);
             }
             let started = per_pull.then(Instant::now);
             let cpu_before = if timing {
@@ -1198,13 +1253,55 @@ impl Shared<'_> {
             } else {
                 Duration::ZERO
             };
-            if n == 1 {
-                results[0] = lane.run(refs[0], self.keys, &mut outs[0]);
-            } else {
-                lane.run_batch(&refs, self.keys, &mut outs[..n], &mut results[..n]);
+            // The in-line lane given consecutive jobs (what a queue hands out) may write
+            // their results straight into their slots: no output moves out of its slot
+            // and back (a quarter of a 16-byte CTR job's time was that move).
+            let direct = match &mut sink {
+                Sink::Slots { outputs, .. } if is_run(&picked) => {
+                    let run = picked[0]..picked[0] + n;
+                    lane.run_slots(&self.jobs[run.clone()], self.keys, &mut outputs[run])
+                }
+                _ => false,
+            };
+            if !direct {
+                refs.clear();
+                refs.extend(picked.iter().map(|&j| &self.jobs[j]));
+                match &mut sink {
+                    Sink::Slots { .. } => sink.lend(&picked, &mut outs[..n]),
+                    Sink::List { .. } => {
+                        if spare_left {
+                            spare_left = self.fill_spares(&mut outs[..n], &mut spare);
+                        }
+                    }
+                }
+                if n == 1 {
+                    results[0] = lane.run(refs[0], self.keys, &mut outs[0]);
+                } else {
+                    lane.run_batch(&refs, self.keys, &mut outs[..n], &mut results[..n]);
+                }
             }
             let elapsed = started.map_or(Duration::ZERO, |t| t.elapsed());
             report.busy += elapsed;
+
+            if direct {
+                // Every job ended (job errors are in their slots; a lane hands none
+                // back this way).
+                let run = picked[0]..picked[0] + n;
+                report.jobs += n;
+                report.bytes += self.jobs[run.clone()]
+                    .iter()
+                    .map(|j| j.len() as u64)
+                    .sum::<u64>();
+                if let Sink::Slots { done, .. } = &mut sink {
+                    add_run(done, run);
+                }
+                self.completed(n);
+                if timing {
+                    let cpu = thread_cpu_time().saturating_sub(cpu_before);
+                    self.schedule.completed(lane_idx, &picked, elapsed, cpu);
+                }
+                continue;
+            }
 
             // The common case, every job done (successfully or with a job error), is
             // handled per pull; an engine failure job by job.

@@ -1072,6 +1072,84 @@ impl Lane for CpuLane {
         }
         self.picked = picked;
     }
+
+    /// The in-line lane's common pull: every job CTR under one key (or every job CBC
+    /// decryption under one key), each valid and for the `aes` crate at its size, runs
+    /// in one backend call writing into the caller's slots. Anything else (mixed
+    /// ciphers or keys, an invalid job, a size EVP runs, a key the store lacks, a
+    /// failed pinning) returns false, so that `run_batch` runs it and reports its
+    /// errors as before.
+    fn run_slots(
+        &mut self,
+        jobs: &[Job],
+        keys: &KeyStore,
+        slots: &mut [Result<JobOutput>],
+    ) -> bool {
+        let Some(first) = jobs.first() else {
+            return false;
+        };
+        if jobs.len() != slots.len() || self.pin().is_err() {
+            return false;
+        }
+        let (cipher, direction, id) = (first.cipher, first.direction, first.key);
+        // What `Job::validate` asks of these modes, once for the pull: CBC decryption
+        // wants whole blocks, and at least one with PKCS#7.
+        let (whole_blocks, non_empty) = match (cipher.mode, direction) {
+            (Mode::Ctr, _) => (false, false),
+            (Mode::Cbc, Direction::Decrypt) => (true, false),
+            (Mode::CbcPkcs7, Direction::Decrypt) => (true, true),
+            _ => return false,
+        };
+        let Some(rule) = self.select.choice(cipher, direction).map(SizeRule::of) else {
+            return false;
+        };
+        for job in jobs {
+            let len = job.input.len();
+            let fits = job.cipher == cipher
+                && job.direction == direction
+                && job.key == id
+                && job.iv().len() == BLOCK_LEN
+                && (!whole_blocks || len.is_multiple_of(BLOCK_LEN))
+                && (!non_empty || len > 0)
+                && rule.uses_crate(len);
+            if !fits {
+                return false;
+            }
+        }
+        let Ok(key) = aes_key(&mut self.aes_keys, id, cipher, keys) else {
+            return false;
+        };
+        let messages = jobs
+            .iter()
+            .zip(slots.iter_mut())
+            .map(|(job, slot)| message(job, slot_output(slot)));
+        run_messages(
+            key,
+            cipher.mode == Mode::Ctr,
+            messages,
+            &mut self.ctr_scratch,
+        );
+        if cipher.mode == Mode::CbcPkcs7 {
+            for slot in slots.iter_mut() {
+                if let Err(e) = unpad(slot_output(slot)) {
+                    *slot = Err(e);
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The output in a result slot, made an empty one first if the slot holds an error.
+#[inline(always)]
+fn slot_output(slot: &mut Result<JobOutput>) -> &mut JobOutput {
+    if slot.is_err() {
+        *slot = Ok(JobOutput::default());
+    }
+    match slot {
+        Ok(out) => out,
+        Err(_) => unreachable!("the slot was just given an output"),
+    }
 }
 
 /// Runs one job on a keyed context.
@@ -2088,6 +2166,387 @@ mod tests {
                     "round {round}, job {k}, {} bytes",
                     job.input.len()
                 );
+            }
+        }
+    }
+
+    /// Slots as the in-line lane finds them: an earlier batch's outputs of every kind
+    /// (longer, shorter, empty, with a tag) and errors.
+    fn used_slots(n: usize) -> Vec<Result<JobOutput>> {
+        (0..n)
+            .map(|k| match k % 5 {
+                0 => Err(Error::AuthenticationFailed),
+                1 => Ok(JobOutput::default()),
+                2 => Ok(JobOutput {
+                    data: vec![0xa5; 3 * k + 1],
+                    tag: Some([7; TAG_LEN]),
+                }),
+                3 => Ok(JobOutput {
+                    data: vec![0x5a; 2000],
+                    tag: None,
+                }),
+                _ => Ok(JobOutput {
+                    data: bytes(k, k % 17),
+                    tag: None,
+                }),
+            })
+            .collect()
+    }
+
+    /// `Lane::run_slots`, the in-line lane's path into the caller's result slots:
+    /// pull-wide runs of one cipher under one key (CTR at every length 0-80 B and
+    /// around 256 and 1024 B with IVs below the counter boundaries, every key size,
+    /// both directions; CBC decryption with and without padding, a bad pad included)
+    /// give OpenSSL's bytes and errors whatever the slots held, twice over (the second
+    /// time into the first's outputs); a run the path does not take (mixed keys or
+    /// ciphers, an invalid job, CBC encryption, GCM, every job through EVP) is
+    /// refused with every slot untouched.
+    #[test]
+    fn slot_runs_match_openssl_or_are_refused_untouched() {
+        let keys = KeyStore::new();
+        let key_bytes = [bytes(61, 16), bytes(62, 24), bytes(63, 32)];
+        let ids = add_keys(&keys, &key_bytes);
+        let lens: Vec<usize> = (0..=80).chain([255, 256, 257, 1023, 1024, 1025]).collect();
+        let iv = |k: usize| {
+            let boundary = [1u128 << 32, 1u128 << 64, 0][k % 3];
+            boundary.wrapping_sub(1 + (k % 4) as u128).to_be_bytes()
+        };
+        let check = |lane: &mut CpuLane, jobs: &[Job], key: &[u8], what: &str| {
+            let mut slots = used_slots(jobs.len());
+            for round in 0..2 {
+                assert!(lane.run_slots(jobs, &keys, &mut slots), "{what}: refused");
+                for (k, (job, slot)) in jobs.iter().zip(&slots).enumerate() {
+                    let what = format!("{what}, round {round}, job {k}, {} B", job.len());
+                    match reference_any(job, key) {
+                        Ok(expected) => {
+                            let out = slot.as_ref().unwrap_or_else(|e| panic!("{what}: {e}"));
+                            assert_eq!(out.data, expected, "{what}");
+                            assert_eq!(out.tag, None, "{what}");
+                        }
+                        Err(_) => assert!(
+                            matches!(slot, Err(Error::AuthenticationFailed)),
+                            "{what}: {slot:?}"
+                        ),
+                    }
+                }
+            }
+        };
+        for parallel in [BlockParallel::On, BlockParallel::Auto] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            let sizes = [KeySize::Aes128, KeySize::Aes192, KeySize::Aes256];
+            for (key, &size) in sizes.iter().enumerate() {
+                for direction in [Direction::Encrypt, Direction::Decrypt] {
+                    let cipher = Cipher::new(size, Mode::Ctr);
+                    // Runs of one length, and runs of every length.
+                    for &len in &lens {
+                        let jobs: Vec<Job> = (0..BLOCK_PARALLEL_BATCH)
+                            .map(|k| {
+                                Job::new(cipher, direction, ids[key], iv(k), bytes(k + len, len))
+                            })
+                            .collect();
+                        let what = format!("{parallel:?} {cipher} {direction} {len} B");
+                        if parallel == BlockParallel::Auto && !lane.uses_crate(&jobs[0]) {
+                            continue;
+                        }
+                        check(&mut lane, &jobs, &key_bytes[key], &what);
+                    }
+                    let jobs: Vec<Job> = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &len)| {
+                            Job::new(cipher, direction, ids[key], iv(k), bytes(k, len))
+                        })
+                        .collect();
+                    if jobs.iter().all(|j| lane.uses_crate(j)) {
+                        check(
+                            &mut lane,
+                            &jobs,
+                            &key_bytes[key],
+                            &format!("{cipher} mixed lengths"),
+                        );
+                    }
+                }
+                // CBC decryption, with padding too (every third ciphertext's pad is
+                // broken: an authentication error in its slot, as from EVP).
+                for mode in [Mode::Cbc, Mode::CbcPkcs7] {
+                    let cipher = Cipher::new(size, mode);
+                    let jobs: Vec<Job> = (1..=20)
+                        .map(|blocks| {
+                            let mut input = bytes(blocks, blocks * BLOCK_LEN);
+                            if mode == Mode::CbcPkcs7 {
+                                let plain = Job::new(
+                                    cipher,
+                                    Direction::Encrypt,
+                                    ids[key],
+                                    iv(blocks),
+                                    bytes(blocks, blocks * 7),
+                                );
+                                input = reference_any(&plain, &key_bytes[key]).unwrap();
+                                if blocks % 3 == 0 {
+                                    let last = input.len() - 1;
+                                    input[last] ^= 0x40;
+                                }
+                            }
+                            Job::new(cipher, Direction::Decrypt, ids[key], iv(blocks), input)
+                        })
+                        .collect();
+                    if jobs.iter().all(|j| lane.uses_crate(j)) {
+                        check(
+                            &mut lane,
+                            &jobs,
+                            &key_bytes[key],
+                            &format!("{parallel:?} {cipher}"),
+                        );
+                    }
+                }
+            }
+            // Runs the path leaves to `run_batch`: the slots stay as they were.
+            let ctr = |k: usize, key: usize, len: usize| {
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    ids[key],
+                    iv(k),
+                    bytes(k, len),
+                )
+            };
+            let mut refused: Vec<(&str, Vec<Job>)> = Vec::new();
+            refused.push(("two keys", (0..8).map(|k| ctr(k, k % 2 * 2, 16)).collect()));
+            let mut ciphers: Vec<Job> = (0..8).map(|k| ctr(k, 0, 16)).collect();
+            ciphers[5] = Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Decrypt,
+                ids[0],
+                iv(5),
+                bytes(5, 16),
+            );
+            refused.push(("two directions", ciphers));
+            let mut bad_iv: Vec<Job> = (0..8).map(|k| ctr(k, 0, 16)).collect();
+            bad_iv[3] = Job::with_iv(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                ids[0],
+                &[1; 12],
+                bytes(3, 16),
+            )
+            .unwrap();
+            refused.push(("a short IV", bad_iv));
+            refused.push((
+                "CBC decryption of a partial block",
+                (0..8)
+                    .map(|k| {
+                        Job::new(
+                            Cipher::AES_128_CBC,
+                            Direction::Decrypt,
+                            ids[0],
+                            iv(k),
+                            bytes(k, 16 + 16 * (k % 2) + usize::from(k == 6)),
+                        )
+                    })
+                    .collect(),
+            ));
+            refused.push((
+                "empty padded CBC decryption",
+                vec![Job::new(
+                    Cipher::new(KeySize::Aes128, Mode::CbcPkcs7),
+                    Direction::Decrypt,
+                    ids[0],
+                    iv(0),
+                    Vec::new(),
+                )],
+            ));
+            refused.push((
+                "CBC encryption",
+                (0..8)
+                    .map(|k| {
+                        Job::new(
+                            Cipher::AES_128_CBC,
+                            Direction::Encrypt,
+                            ids[0],
+                            iv(k),
+                            bytes(k, 32),
+                        )
+                    })
+                    .collect(),
+            ));
+            refused.push((
+                "GCM",
+                (0..8)
+                    .map(|k| {
+                        Job::with_iv(
+                            Cipher::AES_128_GCM,
+                            Direction::Encrypt,
+                            ids[0],
+                            &[k as u8; 12],
+                            bytes(k, 32),
+                        )
+                        .unwrap()
+                    })
+                    .collect(),
+            ));
+            let unknown = KeyId(u32::MAX - 1);
+            refused.push((
+                "an unknown key",
+                (0..4)
+                    .map(|k| {
+                        Job::new(
+                            Cipher::AES_128_CTR,
+                            Direction::Encrypt,
+                            unknown,
+                            iv(k),
+                            bytes(k, 16),
+                        )
+                    })
+                    .collect(),
+            ));
+            refused.push(("no jobs", Vec::new()));
+            for (what, jobs) in &refused {
+                let mut slots = used_slots(jobs.len());
+                assert!(
+                    !lane.run_slots(jobs, &keys, &mut slots),
+                    "{parallel:?}: {what} taken"
+                );
+                let before = used_slots(jobs.len());
+                for (slot, was) in slots.iter().zip(&before) {
+                    match (slot, was) {
+                        (Ok(a), Ok(b)) => assert_eq!(a, b, "{what}: a slot was touched"),
+                        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{what}"),
+                        _ => panic!("{parallel:?}: {what}: a slot was touched"),
+                    }
+                }
+            }
+        }
+        // With every job through EVP, no run is taken.
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::Off)
+            .lane(0);
+        let jobs: Vec<Job> = (0..8)
+            .map(|k| {
+                Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    ids[0],
+                    iv(k),
+                    bytes(k, 16),
+                )
+            })
+            .collect();
+        assert!(!lane.run_slots(&jobs, &keys, &mut used_slots(8)));
+    }
+
+    /// A dispatcher with one in-line `cpu` lane whose pulls are runs of one cipher and
+    /// key (the path into the slots), runs of mixed ones and runs holding an invalid
+    /// job (the lend-and-keep path), one after the other in one batch, outputs
+    /// reused from a batch before and from one of other sizes: every job's output or
+    /// error is OpenSSL's, in job order, and the report counts every job and byte.
+    #[test]
+    fn dispatcher_slot_runs_and_lent_runs_match_openssl() {
+        use crate::policy::Only;
+        use crate::Dispatcher;
+        let key_bytes = [bytes(71, 16), bytes(72, 32)];
+        for parallel in [BlockParallel::On, BlockParallel::Auto] {
+            let engine = CpuEngine::with_lanes(1)
+                .block_parallel(parallel)
+                .into_engine();
+            let dispatcher = Dispatcher::new(vec![engine]).expect("one engine");
+            let ids: Vec<KeyId> = key_bytes
+                .iter()
+                .map(|k| dispatcher.add_key(Key::new(k.clone())).unwrap())
+                .collect();
+            let iv = |k: usize| u128::MAX.wrapping_sub((k % 7) as u128).to_be_bytes();
+            let mut jobs = Vec::new();
+            // Three pulls' worth of one kind at every length 0-80, then an AES-256 run,
+            // then mixed keys, then a run with an invalid (partial-block) CBC job,
+            // then padded CBC decryption with some bad pads.
+            for k in 0..3 * BLOCK_PARALLEL_BATCH {
+                jobs.push(Job::new(
+                    Cipher::AES_128_CTR,
+                    Direction::Encrypt,
+                    ids[0],
+                    iv(k),
+                    bytes(k, k % 81),
+                ));
+            }
+            for k in 0..BLOCK_PARALLEL_BATCH + 3 {
+                jobs.push(Job::new(
+                    Cipher::AES_256_CTR,
+                    Direction::Decrypt,
+                    ids[1],
+                    iv(k),
+                    bytes(k, 1 + k % 70),
+                ));
+            }
+            for k in 0..BLOCK_PARALLEL_BATCH {
+                let (cipher, key) = [(Cipher::AES_128_CTR, 0), (Cipher::AES_256_CTR, 1)][k % 2];
+                jobs.push(Job::new(
+                    cipher,
+                    Direction::Encrypt,
+                    ids[key],
+                    iv(k),
+                    bytes(k, 16 + k % 50),
+                ));
+            }
+            for k in 0..BLOCK_PARALLEL_BATCH {
+                let len = if k == 9 { 33 } else { 16 * (1 + k % 4) };
+                jobs.push(Job::new(
+                    Cipher::AES_128_CBC,
+                    Direction::Decrypt,
+                    ids[0],
+                    iv(k),
+                    bytes(k, len),
+                ));
+            }
+            let padded = Cipher::new(KeySize::Aes128, Mode::CbcPkcs7);
+            for k in 0..BLOCK_PARALLEL_BATCH {
+                let plain = Job::new(padded, Direction::Encrypt, ids[0], iv(k), bytes(k, k % 40));
+                let mut input = reference_any(&plain, &key_bytes[0]).unwrap();
+                if k % 5 == 0 {
+                    let last = input.len() - 1;
+                    input[last] = 0;
+                }
+                jobs.push(Job::new(padded, Direction::Decrypt, ids[0], iv(k), input));
+            }
+            let total: u64 = jobs.iter().map(|j| j.len() as u64).sum();
+            let mut outputs = used_slots(jobs.len() + 11);
+            for round in 0..3 {
+                if round == 2 {
+                    // Outputs of another batch's sizes, fewer slots than jobs.
+                    outputs = used_slots(jobs.len() / 2);
+                }
+                let report = dispatcher
+                    .run_into(&jobs, &Only::new("cpu"), &mut outputs)
+                    .expect("the batch plans");
+                assert_eq!(outputs.len(), jobs.len());
+                assert_eq!((report.jobs, report.bytes), (jobs.len(), total));
+                let lane = &report.engines[0].lanes[0];
+                assert_eq!((lane.jobs, lane.bytes), (jobs.len(), total));
+                let mut errors = 0;
+                for (k, (job, out)) in jobs.iter().zip(&outputs).enumerate() {
+                    let key = &key_bytes[usize::from(job.cipher.key_size == KeySize::Aes256)];
+                    let what = format!(
+                        "{parallel:?} round {round}, job {k}, {} {} B",
+                        job.cipher,
+                        job.len()
+                    );
+                    match (reference_any(job, key), out) {
+                        (Ok(expected), Ok(out)) => {
+                            assert_eq!(out.data, expected, "{what}");
+                            assert_eq!(out.tag, None, "{what}");
+                        }
+                        (Err(_), Err(e)) => {
+                            errors += 1;
+                            let partial = job.len() % BLOCK_LEN != 0;
+                            assert!(
+                                matches!(e, Error::InputLength { .. }) == partial
+                                    && (partial || matches!(e, Error::AuthenticationFailed)),
+                                "{what}: {e}"
+                            );
+                        }
+                        (expected, out) => panic!("{what}: {expected:?} vs {out:?}"),
+                    }
+                }
+                assert_eq!(report.job_errors, errors);
+                assert!(errors > 1, "the batch holds failing jobs");
             }
         }
     }

@@ -239,6 +239,26 @@ pub trait Lane: Send {
         }
     }
 
+    /// Runs the jobs `jobs` (at most [`Engine::max_batch`]) with each result written
+    /// straight into its slot: `slots[k]` holds on entry whatever the caller is done
+    /// with (a spare output to overwrite, or an old error), and on return job `k`'s
+    /// output or its job error. What the dispatcher's in-line lane calls for a pull of
+    /// consecutive jobs, so that no output is moved out of its slot and back.
+    ///
+    /// Returns false, having touched nothing, where the lane has no such path for these
+    /// jobs (the default, always): the caller then runs them through
+    /// [`Lane::run_batch`]. A lane must return false rather than leave a failure of the
+    /// engine itself ([`crate::Error::EngineFailed`]) in a slot.
+    fn run_slots(
+        &mut self,
+        jobs: &[Job],
+        keys: &KeyStore,
+        slots: &mut [Result<JobOutput>],
+    ) -> bool {
+        let _ = (jobs, keys, slots);
+        false
+    }
+
     /// Runs a [`RawJob`] into `out` (as long as the input). The default goes through
     /// [`Lane::run`] (one copy each way); engines whose requests can read and write the
     /// caller's buffers directly override it. Errors as for [`Lane::run`].
