@@ -1,0 +1,32 @@
+#!/bin/sh
+# kernel-lanes.sh [ROUNDS] (in the testbed guest): the `kernel` and `devcrypto` engines
+# with one and two lanes (requests in flight) beside `openssl speed -engine afalg` and
+# cryptodev's tests/speed, round by round on the same device, AES-128-CBC encryption,
+# 16 B..16 KiB, 1 s per size. For docs/performance.md (issue 20). Run from the host:
+#   testbed/run --profile soft --with /usr/bin/openssl \
+#     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
+#     --with CRYPTODEV_SPEED --with testbed/guest-tests/kernel-lanes.sh \
+#     -- sh /opt/hetcrypt/bin/kernel-lanes.sh 3 >LOG
+#   python3 testbed/guest-tests/kernel-lanes-table.py LOG...
+# CRYPTODEV_SPEED: cryptodev's tests/speed built as kernel-paths.sh describes (its 5 s
+# per size cut to SPEED_SECONDS), installed under the name cryptodev-speed.
+rounds=${1:-3}
+driver=${DRIVER:-virtio_crypto_aes_cbc}
+sizes=16,64,256,1024,2048,4096,8192,16384
+echo "=== $(uname -r), profile ${HETCRYPT_TESTBED_PROFILE:-?}, driver $driver, $(grep -m1 'model name' /proc/cpuinfo)"
+r=1
+while [ "$r" -le "$rounds" ]; do
+	echo "=== round $r afalg"
+	for b in $(echo "$sizes" | tr , ' '); do
+		openssl speed -elapsed -engine afalg -evp aes-128-cbc -seconds 1 -bytes "$b" 2>/dev/null | tail -1
+	done
+	echo "=== round $r tests/speed"
+	SPEED_SECONDS=1 cryptodev-speed 2>&1 | tail -n 8
+	for lanes in 1 2; do
+		for engine in kernel devcrypto; do
+			echo "=== round $r $engine lanes $lanes"
+			hetcrypt speed --engine "$engine:$driver" --lanes "$lanes" --sizes "$sizes" --seconds 1 -q | tail -1
+		done
+	done
+	r=$((r + 1))
+done
