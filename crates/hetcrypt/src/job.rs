@@ -126,26 +126,41 @@ impl Job {
                 got: self.iv().len(),
             });
         }
-        let needs_blocks = matches!(
-            (cipher.mode, self.direction),
-            (crate::Mode::Cbc, _) | (crate::Mode::CbcPkcs7, Direction::Decrypt)
-        );
-        if needs_blocks && !self.input.len().is_multiple_of(BLOCK_LEN) {
+        let rules = InputRules::of(cipher, self.direction);
+        if rules.whole_blocks && !self.input.len().is_multiple_of(BLOCK_LEN) {
             return Err(Error::InputLength {
                 cipher,
                 len: self.input.len(),
             });
         }
-        if cipher.mode == crate::Mode::CbcPkcs7
-            && self.direction == Direction::Decrypt
-            && self.input.is_empty()
-        {
+        if rules.non_empty && self.input.is_empty() {
             return Err(Error::InputLength { cipher, len: 0 });
         }
         if cipher.is_aead() && self.direction == Direction::Decrypt && self.tag.is_none() {
             return Err(Error::MissingTag { cipher });
         }
         Ok(())
+    }
+}
+
+/// What [`Job::validate`] asks of an input's length for a cipher and direction; also
+/// read once per pull by lanes that check a whole pull of one cipher up front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InputRules {
+    /// A whole number of blocks (CBC; CBC with PKCS#7 when decrypting).
+    pub(crate) whole_blocks: bool,
+    /// At least one byte (a PKCS#7 ciphertext holds at least its padding block).
+    pub(crate) non_empty: bool,
+}
+
+impl InputRules {
+    pub(crate) fn of(cipher: Cipher, direction: Direction) -> Self {
+        let padded_decryption =
+            cipher.mode == crate::Mode::CbcPkcs7 && direction == Direction::Decrypt;
+        InputRules {
+            whole_blocks: cipher.mode == crate::Mode::Cbc || padded_decryption,
+            non_empty: padded_decryption,
+        }
     }
 }
 
