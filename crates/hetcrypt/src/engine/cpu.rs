@@ -18,7 +18,7 @@ use openssl::cipher_ctx::CipherCtx;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
-use crate::job::{Job, JobOutput, TAG_LEN};
+use crate::job::{InputRules, Job, JobOutput, TAG_LEN};
 use crate::key::{KeyId, KeyStore};
 
 pub use multibuf::MAX_CHAINS;
@@ -1092,14 +1092,18 @@ impl Lane for CpuLane {
             return false;
         }
         let (cipher, direction, id) = (first.cipher, first.direction, first.key);
-        // What `Job::validate` asks of these modes, once for the pull: CBC decryption
-        // wants whole blocks, and at least one with PKCS#7.
-        let (whole_blocks, non_empty) = match (cipher.mode, direction) {
-            (Mode::Ctr, _) => (false, false),
-            (Mode::Cbc, Direction::Decrypt) => (true, false),
-            (Mode::CbcPkcs7, Direction::Decrypt) => (true, true),
-            _ => return false,
-        };
+        // The path takes CTR and CBC decryption only; what `Job::validate` asks of
+        // their lengths is looked up once for the pull.
+        if !matches!(
+            (cipher.mode, direction),
+            (Mode::Ctr, _) | (Mode::Cbc | Mode::CbcPkcs7, Direction::Decrypt)
+        ) {
+            return false;
+        }
+        let InputRules {
+            whole_blocks,
+            non_empty,
+        } = InputRules::of(cipher, direction);
         let Some(rule) = self.select.choice(cipher, direction).map(SizeRule::of) else {
             return false;
         };
@@ -2052,6 +2056,19 @@ mod tests {
         }
     }
 
+    /// Every length from 0 to 80 bytes (each side of one to five blocks, the short CTR
+    /// path's 64-byte bound) and each side of 256 and 1024 bytes.
+    fn short_path_lens() -> Vec<usize> {
+        (0..=80).chain([255, 256, 257, 1023, 1024, 1025]).collect()
+    }
+
+    /// Counter block `k`: 1 to 4 blocks below the 2^32, 2^64 or 2^128 boundary in turn,
+    /// so a message of 2 to 5 blocks from it carries or wraps inside it.
+    fn iv_below_counter_boundary(k: usize) -> [u8; BLOCK_LEN] {
+        let boundary = [1u128 << 32, 1u128 << 64, 0][k % 3];
+        boundary.wrapping_sub(1 + (k % 4) as u128).to_be_bytes()
+    }
+
     /// The short-message CTR path (messages of up to four blocks straight from the IV
     /// in registers) and the longer one, in lane batches as wide as a pull
     /// ([`BLOCK_PARALLEL_BATCH`]) and one wider: every length from 0 to 80 bytes
@@ -2065,12 +2082,8 @@ mod tests {
         let keys = KeyStore::new();
         let key_bytes = [bytes(41, 16), bytes(42, 24), bytes(43, 32)];
         let ids = add_keys(&keys, &key_bytes);
-        let lens: Vec<usize> = (0..=80).chain([255, 256, 257, 1023, 1024, 1025]).collect();
-        // Counter blocks 1 to 4 below a boundary: a 2..5-block message crosses it.
-        let iv = |k: usize| {
-            let boundary = [1u128 << 32, 1u128 << 64, 0][k % 3];
-            boundary.wrapping_sub(1 + (k % 4) as u128).to_be_bytes()
-        };
+        let lens = short_path_lens();
+        let iv = iv_below_counter_boundary;
         for parallel in [BlockParallel::On, BlockParallel::Auto] {
             let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
             for &len in &lens {
@@ -2206,11 +2219,8 @@ mod tests {
         let keys = KeyStore::new();
         let key_bytes = [bytes(61, 16), bytes(62, 24), bytes(63, 32)];
         let ids = add_keys(&keys, &key_bytes);
-        let lens: Vec<usize> = (0..=80).chain([255, 256, 257, 1023, 1024, 1025]).collect();
-        let iv = |k: usize| {
-            let boundary = [1u128 << 32, 1u128 << 64, 0][k % 3];
-            boundary.wrapping_sub(1 + (k % 4) as u128).to_be_bytes()
-        };
+        let lens = short_path_lens();
+        let iv = iv_below_counter_boundary;
         let check = |lane: &mut CpuLane, jobs: &[Job], key: &[u8], what: &str| {
             let mut slots = used_slots(jobs.len());
             for round in 0..2 {
