@@ -9,17 +9,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod files_support;
-use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
+use files_support::{assert_no_temporaries, encrypt_json, key, run, stderr};
 
 /// Longest a run may take before the test calls it hung.
 const PATIENCE: Duration = Duration::from_secs(120);
-
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
 
 fn mode(p: &Path) -> u32 {
     fs::metadata(p).unwrap().permissions().mode() & 0o7777
@@ -117,12 +110,7 @@ fn a_source_swapped_for_a_link_fifo_or_device_after_listing_is_skipped_not_read(
     symlink("/dev/zero", swap.join("c-zero")).unwrap();
 
     let vault = t.path().join("vault");
-    let mut child = hetcrypt()
-        .args(["encrypt", "--json", "--key"])
-        .arg(&key)
-        .arg(&src)
-        .arg("-o")
-        .arg(&vault)
+    let mut child = encrypt_json(&key, &src, &vault)
         .env("HETCRYPT_TEST_SWAP_DIR", &swap)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -238,12 +226,7 @@ fn a_source_directory_swapped_for_a_link_after_listing_is_not_followed() {
     fs::create_dir(&swap).unwrap();
     symlink(&outside, swap.join("sub")).unwrap();
     let vault = t.path().join("vault");
-    let o = hetcrypt()
-        .args(["encrypt", "--json", "--key"])
-        .arg(&key)
-        .arg(&src)
-        .arg("-o")
-        .arg(&vault)
+    let o = encrypt_json(&key, &src, &vault)
         .env("HETCRYPT_TEST_SWAP_DIR", &swap)
         .output()
         .unwrap();

@@ -3,10 +3,9 @@
 //! output and no temporary; the summary reports the peak memory.
 
 use std::fs;
-use std::path::{Path, PathBuf};
 
 mod files_support;
-use files_support::{assert_no_temporaries, run, stderr};
+use files_support::{assert_no_temporaries, key, run, stderr};
 
 /// Files in the tree: enough that one fsync each would show.
 const FILES: usize = 300;
@@ -16,13 +15,6 @@ const FILES: usize = 300;
 const MAX_SYNCS: u64 = 40;
 /// The memory bound docs/format.md states.
 const MEMORY_BOUND: u64 = 64 << 20;
-
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
 
 fn summary(o: &std::process::Output) -> serde_json::Value {
     assert!(o.status.success(), "{}", stderr(o));

@@ -2,23 +2,18 @@
 //! streams. Each test is named after the failure it reproduces.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod files_support;
-use files_support::{assert_no_temporaries, cannot_run_here, hetcrypt, run, stderr};
+use files_support::{
+    assert_no_temporaries, cannot_run_here, encrypt_json, hetcrypt, key, run, stderr,
+};
 
 /// Longest a run may take before the test calls it stuck (a debug build on a busy
 /// machine; the failures it guards against took hours).
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
 
 /// Runs a prepared command, killing it after [`PATIENCE`].
 fn run_within(mut cmd: std::process::Command) -> Output {
@@ -341,68 +336,47 @@ fn sparse_regions_stay_sparse_when_decrypted() {
     );
 }
 
-#[test]
-fn a_file_truncated_while_it_is_encrypted_fails_and_leaves_nothing() {
+/// A tree of `name` and `still`, `size` bytes each, encrypted with the debug-build
+/// hook `hook` changing `name` after its first read: `name` fails as changed while it
+/// was read and leaves no output, `still` is encrypted, no temporary is left.
+fn a_changed_file_fails_alone(hook: &str, name: &str, size: usize) {
     let t = tempfile::tempdir().unwrap();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir(&src).unwrap();
-    fs::write(src.join("shrinks"), vec![5u8; 100_000]).unwrap();
-    fs::write(src.join("still"), vec![6u8; 100_000]).unwrap();
+    fs::write(src.join(name), vec![5u8; size]).unwrap();
+    fs::write(src.join("still"), vec![6u8; size]).unwrap();
     let out = t.path().join("out");
-    let o = hetcrypt()
-        .args(["encrypt", "--json", "--key"])
-        .arg(&key)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        // Debug builds: cut `shrinks` to half its size after its first read.
-        .env("HETCRYPT_TEST_TRUNCATE_WHILE_READING", "shrinks")
+    let o = encrypt_json(&key, &src, &out)
+        .env(hook, name)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{size}: {}", stderr(&o));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(s["files_ok"], 1);
+    assert_eq!(s["files_ok"], 1, "{size}: {s:#}");
     let reason = s["failed"][0]["reason"].as_str().unwrap();
-    assert!(reason.contains("changed while it was read"), "{reason}");
-    assert!(!out.join("shrinks.hc").exists());
-    assert!(out.join("still.hc").is_file());
+    assert!(
+        reason.contains("changed while it was read"),
+        "{size}: {reason}"
+    );
+    assert!(!out.join(format!("{name}.hc")).exists(), "{size}");
+    assert!(out.join("still.hc").is_file(), "{size}");
     assert_no_temporaries(&out);
 }
 
 #[test]
+fn a_file_truncated_while_it_is_encrypted_fails_and_leaves_nothing() {
+    // Debug builds: cut `shrinks` to half its size after its first read.
+    a_changed_file_fails_alone("HETCRYPT_TEST_TRUNCATE_WHILE_READING", "shrinks", 100_000);
+}
+
+#[test]
 fn a_file_grown_while_it_is_encrypted_fails_and_leaves_nothing() {
-    // Sizes read whole by the first read (its end then found by `fstat`, not by
-    // another read) and one read in several.
+    // Debug builds: append to `grows` after its first read. Sizes read whole by the
+    // first read (its end then found by `fstat`, not by another read) and one read in
+    // several.
     for size in [16_384usize, 5_000, 300_000] {
-        let t = tempfile::tempdir().unwrap();
-        let key = key(t.path());
-        let src = t.path().join("src");
-        fs::create_dir(&src).unwrap();
-        fs::write(src.join("grows"), vec![5u8; size]).unwrap();
-        fs::write(src.join("still"), vec![6u8; size]).unwrap();
-        let out = t.path().join("out");
-        let o = hetcrypt()
-            .args(["encrypt", "--json", "--key"])
-            .arg(&key)
-            .arg(&src)
-            .arg("-o")
-            .arg(&out)
-            // Debug builds: append to `grows` after its first read.
-            .env("HETCRYPT_TEST_GROW_WHILE_READING", "grows")
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(1), "{size}: {}", stderr(&o));
-        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(s["files_ok"], 1, "{size}: {s:#}");
-        let reason = s["failed"][0]["reason"].as_str().unwrap();
-        assert!(
-            reason.contains("changed while it was read"),
-            "{size}: {reason}"
-        );
-        assert!(!out.join("grows.hc").exists(), "{size}");
-        assert!(out.join("still.hc").is_file(), "{size}");
-        assert_no_temporaries(&out);
+        a_changed_file_fails_alone("HETCRYPT_TEST_GROW_WHILE_READING", "grows", size);
     }
 }
 

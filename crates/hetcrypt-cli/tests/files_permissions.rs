@@ -8,17 +8,10 @@ use std::fs;
 use std::path::Path;
 
 mod files_support;
-use files_support::{assert_no_temporaries, cannot_run_here, hetcrypt, run, stderr};
+use files_support::{assert_no_temporaries, cannot_run_here, encrypt_json, key, run, stderr};
 
 /// A regular file that even root cannot open for reading (see the module doc).
 const UNREADABLE: &str = "/sys/bus/pci/rescan";
-
-fn key(dir: &Path) -> std::path::PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
 
 #[test]
 fn an_input_root_cannot_read_fails_alone_with_permission_denied() {
@@ -106,12 +99,7 @@ fn a_summary_reader_that_went_away_is_not_a_crash() {
     fs::write(&good, b"readable").unwrap();
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let o = hetcrypt()
-        .args(["encrypt", "--json", "--key"])
-        .arg(&key)
-        .arg(&good)
-        .arg("-o")
-        .arg(t.path().join("good.hc"))
+    let o = encrypt_json(&key, &good, &t.path().join("good.hc"))
         .stdout(writer)
         .output()
         .unwrap();

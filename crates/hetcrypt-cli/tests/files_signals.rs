@@ -7,13 +7,13 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod files_support;
-use files_support::{hetcrypt, run, stderr};
+use files_support::{hetcrypt, key, run, stderr};
 
 /// The wrapper (12), salt (24) and commitment (32) in front of the chunks.
 const HEADER: usize = 68;
@@ -32,13 +32,6 @@ const NO_TMPFILE: &str = "HETCRYPT_TEST_NO_TMPFILE";
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
-}
-
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
 }
 
 /// A ciphertext of 400 full chunks and a short one.

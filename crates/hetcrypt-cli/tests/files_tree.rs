@@ -7,14 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 mod files_support;
-use files_support::{assert_no_temporaries, cannot_run_here, run, stderr};
-
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
+use files_support::{assert_no_temporaries, cannot_run_here, key, run, stderr};
 
 fn copy_tree(from: &Path, to: &Path) {
     for e in walkdir::WalkDir::new(from) {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod files_support;
-use files_support::{assert_no_temporaries, hetcrypt, run, stderr};
+use files_support::{assert_no_temporaries, encrypt_json, hetcrypt, key, run, stderr};
 
 /// Files in the test tree: many commit messages (16 files each), so the writer and
 /// the settler take several, in every directory.
@@ -41,15 +41,15 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
-fn key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let o = run(&[&"keygen", &"-o", &key]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    key
-}
-
 fn rel(i: usize) -> PathBuf {
     PathBuf::from(format!("d{}/f{i:03}", i / PER_DIR))
+}
+
+/// File `i`'s encrypted output under `enc`.
+fn encrypted(enc: &Path, i: usize) -> PathBuf {
+    let mut p = enc.join(rel(i)).into_os_string();
+    p.push(".hc");
+    PathBuf::from(p)
 }
 
 fn content(i: usize) -> Vec<u8> {
@@ -105,10 +105,8 @@ fn a_tree_shared_by_writer_and_settler_round_trips_with_contents_and_modes() {
         assert!(ok, "umask {umask}: {s:#}");
         assert_eq!(s["files_ok"], FILES, "umask {umask}: {s:#}");
         for i in 0..FILES {
-            let mut out = enc.join(rel(i)).into_os_string();
-            out.push(".hc");
             assert_eq!(
-                mode(Path::new(&out)),
+                mode(&encrypted(&enc, i)),
                 MODES[i % MODES.len()],
                 "umask {umask}: {i}"
             );
@@ -136,11 +134,7 @@ fn outputs_in_the_way_fail_alone_whichever_thread_settles_them() {
     let in_the_way: Vec<usize> = (0..FILES)
         .filter(|i| i % 11 == 3 || i.is_multiple_of(LARGE_EVERY))
         .collect();
-    let out = |i: usize| {
-        let mut p = enc.join(rel(i)).into_os_string();
-        p.push(".hc");
-        PathBuf::from(p)
-    };
+    let out = |i: usize| encrypted(&enc, i);
     for &i in &in_the_way {
         fs::create_dir_all(out(i).parent().unwrap()).unwrap();
         fs::write(out(i), format!("keep {i}")).unwrap();
@@ -169,19 +163,10 @@ fn outputs_that_fail_to_settle_fail_alone_whichever_thread_settles_them() {
     let key = key(t.path());
     let (src, enc) = (t.path().join("src"), t.path().join("enc"));
     make_tree(&src);
-    let out = |i: usize| {
-        let mut p = enc.join(rel(i)).into_os_string();
-        p.push(".hc");
-        PathBuf::from(p)
-    };
+    let out = |i: usize| encrypted(&enc, i);
     // Debug builds: settling an output named `...7.hc` fails (one file in ten, in
     // every message, so on the writer and the settler both).
-    let o = hetcrypt()
-        .args(["encrypt", "--json", "--key"])
-        .arg(&key)
-        .arg(&src)
-        .arg("-o")
-        .arg(&enc)
+    let o = encrypt_json(&key, &src, &enc)
         .env("HETCRYPT_TEST_FAIL_SETTLE", "7.hc")
         .output()
         .unwrap();

@@ -2,7 +2,7 @@
 //! it as a test of its own).
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The built `hetcrypt` binary, with only the cpu engine: the same on every machine
@@ -20,6 +20,25 @@ pub fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
         c.arg(a);
     }
     c.output().unwrap()
+}
+
+/// A fresh key file `key` in `dir` (by `hetcrypt keygen`).
+pub fn key(dir: &Path) -> PathBuf {
+    let key = dir.join("key");
+    let o = run(&[&"keygen", &"-o", &key]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    key
+}
+
+/// `hetcrypt encrypt --json --key KEY SRC -o OUT`, to be given its environment and run.
+pub fn encrypt_json(key: &Path, src: &Path, out: &Path) -> Command {
+    let mut c = hetcrypt();
+    c.args(["encrypt", "--json", "--key"])
+        .arg(key)
+        .arg(src)
+        .arg("-o")
+        .arg(out);
+    c
 }
 
 /// A run's stderr, as text.
