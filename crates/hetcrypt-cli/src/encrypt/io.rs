@@ -162,7 +162,7 @@ const TEST_GROWTH: &[u8] = b"appended while it was read";
 
 /// The truncation and growth hooks (see [`TEST_TRUNCATE_WHILE_READING`],
 /// [`TEST_GROW_WHILE_READING`]); nothing in release builds.
-fn test_truncate_while_reading(f: &File, path: &Path) {
+fn test_change_while_reading(f: &File, path: &Path) {
     if !cfg!(debug_assertions) {
         return;
     }
@@ -221,7 +221,7 @@ impl Input {
             )
         })?;
         if *so_far == 0 && n > 0 {
-            test_truncate_while_reading(f, path);
+            test_change_while_reading(f, path);
         }
         *so_far += n as u64;
         if n == 0 && want > 0 {
