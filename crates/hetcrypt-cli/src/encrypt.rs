@@ -407,24 +407,19 @@ fn writer(
                 Err(mpsc::TryRecvError::Disconnected) => None,
             }
         };
-        match message {
+        let settled = match message {
             None => break,
-            Some(ToWriter::Write(w)) => w.run(pool),
-            Some(ToWriter::Commit(finished)) => {
-                for f in settle(finished, bar, &mut done.failed) {
-                    group.push(f);
-                    if group.len() >= group_max {
-                        commit_group(&mut group, force, bar, &mut done);
-                    }
-                }
+            Some(ToWriter::Write(w)) => {
+                w.run(pool);
+                continue;
             }
-            Some(ToWriter::Settled(settled)) => {
-                for f in settled {
-                    group.push(f);
-                    if group.len() >= group_max {
-                        commit_group(&mut group, force, bar, &mut done);
-                    }
-                }
+            Some(ToWriter::Commit(finished)) => settle(finished, bar, &mut done.failed),
+            Some(ToWriter::Settled(settled)) => settled,
+        };
+        for f in settled {
+            group.push(f);
+            if group.len() >= group_max {
+                commit_group(&mut group, force, bar, &mut done);
             }
         }
     }
