@@ -117,6 +117,12 @@ pub struct Args {
     /// through OpenSSL EVP alone, as `openssl speed` does [default: the engine's].
     #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=16))]
     cpu_chains: Option<u16>,
+    /// Who runs CTR, CBC decryption and multi-buffer CBC encryption on the cpu engine:
+    /// `auto` (the faster of the aes crate and OpenSSL EVP, measured at first use: see
+    /// `hetcrypt engines`), `aes-crate` (always the crate) or `openssl-evp` (always EVP,
+    /// multi-buffer off). To check the measured choice against both.
+    #[arg(long, value_name = "IMPL", value_parser = crate::workload::parse_cpu_impl)]
+    cpu_impl: Option<hetcrypt::engine::cpu::BlockParallel>,
     /// Read the files from this directory instead of generating them; files of equal
     /// length form one size.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["sizes", "files"])]
@@ -155,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = EngineOpts {
         lanes: args.lanes.map(usize::from),
         cpu_chains: args.cpu_chains.map(usize::from),
+        cpu_impl: args.cpu_impl,
     };
     let set = EngineSet::named_or_all(&args.engines, opts)?;
     if set.ready.is_empty() {

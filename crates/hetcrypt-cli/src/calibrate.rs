@@ -96,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = EngineOpts {
         lanes: args.lanes.map(usize::from),
         cpu_chains: None,
+        cpu_impl: None,
     };
     let set = EngineSet::named_or_all(&args.engines, opts)?;
     if set.ready.is_empty() {

@@ -83,6 +83,12 @@ pub struct Args {
     /// through OpenSSL EVP alone, as `openssl speed` does [default: the engine's].
     #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=16))]
     cpu_chains: Option<u16>,
+    /// Who runs CTR, CBC decryption and multi-buffer CBC encryption on the cpu engine:
+    /// `auto` (the faster of the aes crate and OpenSSL EVP, measured at first use: see
+    /// `hetcrypt engines`), `aes-crate` (always the crate) or `openssl-evp` (always EVP,
+    /// multi-buffer off). To check the measured choice against both.
+    #[arg(long, value_name = "IMPL", value_parser = crate::workload::parse_cpu_impl)]
+    cpu_impl: Option<hetcrypt::engine::cpu::BlockParallel>,
     /// Split one large buffer over 1, 2, ... lanes (seed 003) instead of the table.
     #[arg(long)]
     split: bool,
@@ -178,6 +184,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = EngineOpts {
         lanes: Some(usize::from(args.lanes.unwrap_or(1))),
         cpu_chains: args.cpu_chains.map(usize::from),
+        cpu_impl: args.cpu_impl,
     };
     let key = random_key(cipher)?;
 

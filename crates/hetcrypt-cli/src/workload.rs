@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context};
-use hetcrypt::engine::cpu::CpuEngine;
+use hetcrypt::engine::cpu::{BlockParallel, CpuEngine};
 use hetcrypt::engine::{self, EngineInfo, EngineRef};
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyId};
 use serde::Serialize;
@@ -84,11 +84,26 @@ pub struct EngineOpts {
     /// CBC messages a `cpu` lane encrypts in lockstep (1: every job through OpenSSL
     /// EVP alone); else the engine's default.
     pub cpu_chains: Option<usize>,
+    /// Who runs the `cpu` engine's block-parallel work; else measured (`Auto`).
+    pub cpu_impl: Option<BlockParallel>,
 }
 
 impl EngineOpts {
     fn is_default(self) -> bool {
-        self.lanes.is_none() && self.cpu_chains.is_none()
+        self.lanes.is_none() && self.cpu_chains.is_none() && self.cpu_impl.is_none()
+    }
+}
+
+/// Parses `--cpu-impl`: `auto`, `aes-crate` or `openssl-evp` (the names `hetcrypt
+/// engines` prints).
+pub fn parse_cpu_impl(s: &str) -> Result<BlockParallel, String> {
+    match s {
+        "auto" => Ok(BlockParallel::Auto),
+        "aes-crate" => Ok(BlockParallel::On),
+        "openssl-evp" => Ok(BlockParallel::Off),
+        _ => Err(format!(
+            "unknown implementation '{s}' (known: auto, aes-crate, openssl-evp)"
+        )),
     }
 }
 
@@ -163,13 +178,16 @@ pub fn plural(n: usize) -> &'static str {
 
 /// Opens one engine by its CLI name, turning library errors into one sentence.
 pub fn open_engine(name: &str, opts: EngineOpts) -> anyhow::Result<EngineRef> {
-    if let (Some(chains), "cpu") = (opts.cpu_chains, name) {
+    if name == "cpu" && (opts.cpu_chains.is_some() || opts.cpu_impl.is_some()) {
         let lanes = opts
             .lanes
             .unwrap_or_else(hetcrypt::engine::cpu::available_cores);
-        return Ok(CpuEngine::with_lanes(lanes)
-            .multibuffer(chains)
-            .into_engine());
+        let mut engine =
+            CpuEngine::with_lanes(lanes).block_parallel(opts.cpu_impl.unwrap_or_default());
+        if let Some(chains) = opts.cpu_chains {
+            engine = engine.multibuffer(chains);
+        }
+        return Ok(engine.into_engine());
     }
     match engine::by_name(name, opts.lanes) {
         Ok(e) => Ok(e),

@@ -91,6 +91,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
             EngineOpts {
                 lanes: Some(lanes),
                 cpu_chains: args.cpu_chains.map(usize::from),
+                cpu_impl: args.cpu_impl,
             },
         )?;
         let dispatcher = Dispatcher::new(vec![engine])?;
