@@ -7,7 +7,7 @@
 //! every size; on an AMD EPYC with VAES the issue-23 runs saw EVP win CTR at 16 KiB in
 //! some runs. So the first job of each (mode, key size) on an engine times both on
 //! jobs of a few sizes, in alternating rounds, and keeps the faster one per size band;
-//! `hetcrypt engines` prints the figures. The probe costs about 4 ms of one core per
+//! `hetcrypt engines` prints the figures. The probe costs about a millisecond per
 //! (mode, key size), once per process: it measures the CPU, which every engine shares.
 //!
 //! The multi-buffer width of CBC encryption is chosen the same way: the first lane
@@ -29,23 +29,13 @@ use crate::key::{Key, KeyStore};
 /// block, and the C2SP chunk). Three sizes keep the probe near a millisecond.
 const PROBE_SIZES: [usize; 3] = [64, 1024, 16 * 1024];
 
-/// How long both implementations run, alternately and untimed, before anything is
-/// timed. A CPU that was idle runs its first milliseconds slow: the clock ramps up,
-/// and on Intel the upper halves of the 512-bit units wake with the first VAES-512
-/// instruction. On an Intel Xeon (family 6 model 207, KVM) a probe without this
-/// timed the `aes` crate at a third of its steady speed (4.7 against 13-14 GB/s on
-/// CTR) and handed 16 KiB CTR to EVP, which ran it at half the crate's speed.
-const WARM_UP: Duration = Duration::from_millis(2);
+/// Input bytes each timed round processes per implementation and size: enough that a
+/// round outlasts the clock's resolution many times over (tens of microseconds),
+/// little enough that the whole probe stays near a millisecond.
+const ROUND_BYTES: usize = 64 * 1024;
 
-/// How long one timed round runs each implementation: tens of clock resolutions and
-/// past any single interruption's share, short enough that the whole probe (warm-up,
-/// [`PROBE_SIZES`] x [`ROUNDS`] x 2 rounds) stays near 4 ms of one core, on any CPU,
-/// emulated ones included (a byte budget took seconds under TCG).
-const ROUND_TIME: Duration = Duration::from_micros(100);
-
-/// Job bytes run between two reads of the clock within a round, so that reading it
-/// (~20 ns) stays a few percent of the work even for 64-byte jobs.
-const CLOCK_EVERY_BYTES: usize = 4096;
+/// Fewest jobs per timed round (at 16 KiB, [`ROUND_BYTES`] alone would give 4).
+const MIN_ROUND_JOBS: usize = 8;
 
 /// Timed rounds per implementation and size, alternating which goes first; the best
 /// round counts (a round that was preempted on a shared host only ever looks slower).
@@ -359,23 +349,11 @@ fn measure(class: usize) -> Choice {
         (Implementation::Evp, forced_lane(Implementation::Evp)),
     ];
     let mut out = JobOutput::default();
-    let job_of = |size| Job::new(cipher, direction, id, [0x3c; BLOCK_LEN], vec![0xa5; size]);
-    // Warm up on the largest size, where the vector units matter most. A failed job
-    // (neither should fail on this probe's valid job) leaves the reference, EVP.
-    let warm_job = job_of(PROBE_SIZES[PROBE_SIZES.len() - 1]);
-    let start = Instant::now();
-    while start.elapsed() < WARM_UP {
-        for (_, lane) in lanes.iter_mut() {
-            if lane.run_one(&warm_job, &keys, &mut out).is_err() {
-                return Choice::forced(Implementation::Evp);
-            }
-        }
-    }
     let mut probes = Vec::with_capacity(PROBE_SIZES.len());
     for size in PROBE_SIZES {
-        let job = job_of(size);
-        let per_clock = (CLOCK_EVERY_BYTES / size).max(1);
-        let mut best = [0.0f64; 2];
+        let job = Job::new(cipher, direction, id, [0x3c; BLOCK_LEN], vec![0xa5; size]);
+        let jobs = (ROUND_BYTES / size).max(MIN_ROUND_JOBS);
+        let mut best = [Duration::MAX; 2];
         for round in 0..ROUNDS {
             // Alternate which implementation goes first.
             for k in [round % 2, 1 - round % 2] {
@@ -384,29 +362,21 @@ fn measure(class: usize) -> Choice {
                 if lane.run_one(&job, &keys, &mut out).is_err() {
                     return Choice::forced(Implementation::Evp);
                 }
-                let mut jobs = 0usize;
                 let start = Instant::now();
-                let elapsed = loop {
-                    for _ in 0..per_clock {
-                        if lane.run_one(&job, &keys, &mut out).is_err() {
-                            return Choice::forced(Implementation::Evp);
-                        }
+                for _ in 0..jobs {
+                    if lane.run_one(&job, &keys, &mut out).is_err() {
+                        return Choice::forced(Implementation::Evp);
                     }
-                    jobs += per_clock;
-                    let elapsed = start.elapsed();
-                    if elapsed >= ROUND_TIME {
-                        break elapsed;
-                    }
-                };
-                let rate = (jobs * size) as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
-                best[k] = best[k].max(rate);
+                }
+                best[k] = best[k].min(start.elapsed());
             }
         }
+        let rate = |d: Duration| (jobs * size) as f64 / d.as_secs_f64().max(f64::MIN_POSITIVE);
         debug_assert_eq!(lanes[0].0, Implementation::AesCrate);
         probes.push(Probe {
             size,
-            aes_crate: best[0],
-            evp: best[1],
+            aes_crate: rate(best[0]),
+            evp: rate(best[1]),
         });
     }
     Choice::from_probes(probes)
@@ -444,13 +414,9 @@ fn measure_chains() -> ChainsChoice {
     let mut outs = vec![JobOutput::default(); WIDTH_PROBE_JOBS];
     let mut results: Vec<crate::Result<()>> = (0..WIDTH_PROBE_JOBS).map(|_| Ok(())).collect();
     let mut best = vec![Duration::MAX; lanes.len()];
-    // Untimed passes of every width for [`WARM_UP`] (expanded keys, output buffers, the
-    // clock and the vector units brought up), then timed rounds in an order that
-    // rotates.
-    let warm = Instant::now();
-    let mut round = 0;
-    while round <= ROUNDS {
-        let timed = warm.elapsed() >= WARM_UP;
+    // One untimed pass each (expanded keys, output buffers), then timed rounds in an
+    // order that rotates.
+    for round in 0..=ROUNDS {
         for k in 0..lanes.len() {
             let k = (k + round) % lanes.len();
             let (width, lane) = &mut lanes[k];
@@ -466,12 +432,9 @@ fn measure_chains() -> ChainsChoice {
             if results.iter().any(Result::is_err) {
                 return ChainsChoice::from_probes(Vec::new());
             }
-            if timed {
+            if round > 0 {
                 best[k] = best[k].min(start.elapsed());
             }
-        }
-        if timed {
-            round += 1;
         }
     }
     let bytes = (WIDTH_PROBE_JOBS * WIDTH_PROBE_SIZE) as f64;
