@@ -170,3 +170,36 @@ fn bad_input_is_one_clear_error() {
         );
     }
 }
+
+/// `--cpu-impl` forces either implementation of the block-parallel modes (to check the
+/// measured choice against both) and names the known ones when given another.
+#[test]
+fn cpu_impl_forces_either_side_and_rejects_unknown_names() {
+    for implementation in ["auto", "aes-crate", "openssl-evp"] {
+        let out = ok(&[
+            "speed",
+            "--engine",
+            "cpu",
+            "--cipher",
+            "aes-128-ctr",
+            "--cpu-impl",
+            implementation,
+            "--sizes",
+            "1024",
+            "--seconds",
+            SECONDS,
+            "--json",
+            "-q",
+        ]);
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let rate = report["rows"][0]["cells"][0]["bytes_per_second"]
+            .as_f64()
+            .unwrap();
+        assert!(rate > 0.0, "{implementation}: {out}");
+    }
+    let err = fails(&["speed", "--engine", "cpu", "--cpu-impl", "fastest"]);
+    assert!(
+        err.contains("unknown implementation 'fastest' (known: auto, aes-crate, openssl-evp)"),
+        "{err}"
+    );
+}
