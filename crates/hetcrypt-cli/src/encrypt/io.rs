@@ -40,6 +40,12 @@ const STDOUT_BUFFER: usize = 64 * 1024;
 /// filled.
 const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 
+/// Small outputs' first buffers kept for reuse: about as many as the outputs queued
+/// for the writer and the settler (17 x 16 and 9 x 16), so a tree of small files
+/// reuses them round after round. Buffers are only made when none is kept, so keeping
+/// them never holds more than the outputs in flight held at once (docs/format.md).
+const SMALL_POOL_BUFFERS: usize = 512;
+
 /// Permission bits an output may carry: never setuid, setgid or sticky (a decrypted
 /// file must not gain powers from whoever made the ciphertext).
 pub const FILE_MODE_BITS: u32 = 0o777;
@@ -485,29 +491,66 @@ impl QueuedWrite {
     }
 }
 
-/// Write buffers going round between the outputs and the writer thread, so a large
-/// file's buffers are allocated once.
+/// Buffers going round between the outputs and the threads that write them: large
+/// ones ([`WRITE_BUFFER`]) of files written behind, so a large file's buffers are
+/// allocated once, and small outputs' first buffers ([`FIRST_BUFFER`]), given back
+/// once the writer or a settler wrote them, so a tree of small files does not
+/// allocate (and first-touch) a fresh buffer per file. A buffer is emptied before it is
+/// kept: what an output wrote is only ever what it was given.
 #[derive(Clone, Debug, Default)]
-pub struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+pub struct BufferPool(Arc<Pools>);
+
+/// The two pools of [`BufferPool`].
+#[derive(Debug, Default)]
+struct Pools {
+    large: Mutex<Vec<Vec<u8>>>,
+    small: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Locks a pool, whatever a panicking holder left in it (only empty buffers).
+fn lock_pool(pool: &Mutex<Vec<Vec<u8>>>) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    pool.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl BufferPool {
+    /// A large buffer (at least [`WRITE_BUFFER`] bytes of capacity), empty.
     fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock_pool(&self.0.large)
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(WRITE_BUFFER))
     }
 
+    /// A new output's first buffer (at least [`FIRST_BUFFER`] bytes), empty.
+    fn take_first(&self) -> Vec<u8> {
+        lock_pool(&self.0.small)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(FIRST_BUFFER))
+    }
+
+    /// Keeps `data`, emptied, for reuse if its pool has room (else frees it).
     fn put(&self, mut data: Vec<u8>) {
-        let mut pool = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if pool.len() < POOL_BUFFERS && data.capacity() >= WRITE_BUFFER {
-            data.clear();
+        let (pool, most) = if data.capacity() >= WRITE_BUFFER {
+            (&self.0.large, POOL_BUFFERS)
+        } else if data.capacity() >= FIRST_BUFFER {
+            (&self.0.small, SMALL_POOL_BUFFERS)
+        } else {
+            return;
+        };
+        data.clear();
+        let mut pool = lock_pool(pool);
+        if pool.len() < most {
             pool.push(data);
         }
+    }
+
+    /// Buffers kept now, small and large (for tests).
+    #[cfg(test)]
+    fn kept(&self) -> (usize, usize) {
+        (
+            lock_pool(&self.0.small).len(),
+            lock_pool(&self.0.large).len(),
+        )
     }
 }
 
@@ -533,6 +576,8 @@ struct TempSink {
     /// hole (zeros not written), whose length `settle` then sets.
     written_end: u64,
     state: Arc<WriteState>,
+    /// The permission bits the output gets (its temporary may be made with them).
+    mode: Option<u32>,
 }
 
 impl TempSink {
@@ -541,7 +586,7 @@ impl TempSink {
         if self.temp.is_none() {
             let parent = self.target.rel.parent().unwrap_or(Path::new(""));
             let dir = dest::open_output_dir(&self.target.root, parent)?;
-            self.temp = Some(Temp::new(dir)?);
+            self.temp = Some(Temp::new(dir, self.mode)?);
         }
         Ok(self.temp.as_ref().expect("made just above"))
     }
@@ -594,6 +639,8 @@ pub struct Output {
     sink: Sink,
     mode: Option<u32>,
     behind: Option<WriteBehind>,
+    /// Where its buffers come from and go back to once written (kept when detached).
+    pool: Option<BufferPool>,
 }
 
 impl Output {
@@ -608,6 +655,7 @@ impl Output {
                 at: 0,
                 written_end: 0,
                 state: Arc::default(),
+                mode: mode.map(|m| m & FILE_MODE_BITS),
             }),
             Dest::Stdout => Sink::Stdout(None),
         };
@@ -616,11 +664,13 @@ impl Output {
             sink,
             mode: mode.map(|m| m & FILE_MODE_BITS),
             behind: None,
+            pool: None,
         }
     }
 
     /// The same, its full buffers written by the writer thread behind `behind`.
     pub fn behind(mut self, behind: WriteBehind) -> Self {
+        self.pool = Some(behind.pool.clone());
         self.behind = Some(behind);
         self
     }
@@ -658,14 +708,19 @@ impl Output {
     /// is durable once its file system is synced.
     pub fn settle(&mut self) -> io::Result<()> {
         let behind = self.behind.clone();
+        let pool = self.pool.as_ref();
         let mode = self.mode;
         let settled = match &mut self.sink {
             Sink::Temp(t) => t.flush_buf(behind.as_ref()).and_then(|()| {
                 // Written behind: settled once the writer thread wrote it all, which
                 // it has when it settles the output itself.
                 t.state.check()?;
-                // Nothing more is written: the output keeps no buffer while it waits.
-                t.buf = Vec::new();
+                // Nothing more is written: the output keeps no buffer while it waits
+                // (it goes back to the pool, for the next outputs).
+                let buf = std::mem::take(&mut t.buf);
+                if let Some(pool) = pool {
+                    pool.put(buf);
+                }
                 let (end, written_end) = (t.at, t.written_end);
                 t.temp()?.prepare(mode, end, written_end)?;
                 test_fail_settle(&t.target)
@@ -714,6 +769,7 @@ impl Output {
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let behind = self.behind.as_ref();
+        let pool = self.pool.as_ref();
         let written = match &mut self.sink {
             Sink::Temp(t) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => {
                 // A hole: the pending buffer goes first, then the offset moves on.
@@ -724,7 +780,8 @@ impl Write for Output {
             }
             Sink::Temp(t) => {
                 if t.buf.capacity() == 0 {
-                    t.buf.reserve(FIRST_BUFFER);
+                    t.buf = pool
+                        .map_or_else(|| Vec::with_capacity(FIRST_BUFFER), BufferPool::take_first);
                 }
                 t.buf.extend_from_slice(buf);
                 if t.buf.len() >= WRITE_BUFFER {
