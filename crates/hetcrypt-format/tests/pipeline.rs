@@ -32,6 +32,9 @@ impl Write for FullDisk {
     }
 }
 
+/// Copies each chunk's output, as any writer does by default.
+impl hetcrypt_format::ChunkWrite for FullDisk {}
+
 /// A reader that fails after `ok` bytes, as a disk with a bad sector.
 struct BadSector<'a> {
     data: &'a [u8],

@@ -40,6 +40,19 @@ const STDOUT_BUFFER: usize = 64 * 1024;
 /// filled.
 const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 
+/// A new output's buffer for its headers: a chunk's output that follows is taken
+/// whole (see [`Output::write_chunk`]), so a small file's output holds its chunk and
+/// these few bytes, not a copy of the chunk as well.
+const HEAD_BUFFER: usize = 256;
+
+/// Chunk outputs of at least this many bytes are taken whole rather than copied (a
+/// quarter chunk: below it the copy costs less than its buffer's round trip).
+const TAKE_MIN: usize = 4096;
+
+/// Chunk buffers kept for reuse once written (given back to the engines as spares),
+/// as many as small outputs' first buffers (see [`SMALL_POOL_BUFFERS`]).
+const CHUNK_POOL_BUFFERS: usize = SMALL_POOL_BUFFERS;
+
 /// Small outputs' first buffers kept for reuse: about as many as the outputs queued
 /// for the writer and the settler (17 x 16 and 9 x 16), so a tree of small files
 /// reuses them round after round. Buffers are only made when none is kept, so keeping
@@ -505,6 +518,8 @@ pub struct BufferPool(Arc<Pools>);
 struct Pools {
     large: Mutex<Vec<Vec<u8>>>,
     small: Mutex<Vec<Vec<u8>>>,
+    /// Chunk outputs taken whole by outputs and written: spares for the engines.
+    chunks: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Locks a pool, whatever a panicking holder left in it (only empty buffers).
@@ -528,12 +543,20 @@ impl BufferPool {
             .unwrap_or_else(|| Vec::with_capacity(FIRST_BUFFER))
     }
 
+    /// A buffer for the engines to write a chunk's output into, if one is kept
+    /// (else an empty one: the engine makes its own).
+    fn take_chunk(&self) -> Vec<u8> {
+        lock_pool(&self.0.chunks).pop().unwrap_or_default()
+    }
+
     /// Keeps `data`, emptied, for reuse if its pool has room (else frees it).
     fn put(&self, mut data: Vec<u8>) {
         let (pool, most) = if data.capacity() >= WRITE_BUFFER {
             (&self.0.large, POOL_BUFFERS)
         } else if data.capacity() >= FIRST_BUFFER {
             (&self.0.small, SMALL_POOL_BUFFERS)
+        } else if data.capacity() >= hetcrypt_format::CHUNK_SIZE {
+            (&self.0.chunks, CHUNK_POOL_BUFFERS)
         } else {
             return;
         };
@@ -544,10 +567,11 @@ impl BufferPool {
         }
     }
 
-    /// Buffers kept now, small and large (for tests).
+    /// Buffers kept now: chunks, small and large (for tests).
     #[cfg(test)]
-    fn kept(&self) -> (usize, usize) {
+    fn kept(&self) -> (usize, usize, usize) {
         (
+            lock_pool(&self.0.chunks).len(),
             lock_pool(&self.0.small).len(),
             lock_pool(&self.0.large).len(),
         )
@@ -564,12 +588,21 @@ pub struct WriteBehind {
     pub pool: BufferPool,
 }
 
-/// An output file being written: its pending buffer starts at offset `at`; its
-/// temporary is made when the first buffer is written (a small file's, by the writer
-/// thread when it names it).
+/// A chunk's output an output took whole, and the bytes written before it (its
+/// headers); those written after it are in the sink's `buf`.
+struct Taken {
+    before: Vec<u8>,
+    chunk: Vec<u8>,
+}
+
+/// An output file being written: its pending bytes (`taken`'s, then `buf`'s) start at
+/// offset `at`; its temporary is made when the first buffer is written (a small
+/// file's, by the writer thread or a settler when it settles it).
 struct TempSink {
     target: Target,
     temp: Option<Temp>,
+    /// A chunk's output taken whole, before `buf` (a small output's only chunk).
+    taken: Option<Taken>,
     buf: Vec<u8>,
     at: u64,
     /// Where the last buffer written ends: short of the end when the file ends in a
@@ -591,13 +624,54 @@ impl TempSink {
         Ok(self.temp.as_ref().expect("made just above"))
     }
 
-    /// Sends (or, without a writer thread, writes) the pending buffer.
+    /// Bytes pending: not yet sent nor written.
+    fn pending(&self) -> usize {
+        let taken = self
+            .taken
+            .as_ref()
+            .map_or(0, |t| t.before.len() + t.chunk.len());
+        taken + self.buf.len()
+    }
+
+    /// Whether a chunk's output `data` may be taken whole: only an output's first
+    /// chunk, with nothing sent or made yet (a small file's only one; a larger file's
+    /// first, copied with the second, see [`TempSink::untake`]), and never zeros that
+    /// a hole may stand for (see [`SPARSE_MIN`]).
+    fn may_take(&self, data: &[u8]) -> bool {
+        self.taken.is_none()
+            && self.temp.is_none()
+            && self.at == 0
+            && self.buf.len() <= HEAD_BUFFER
+            && data.len() >= TAKE_MIN
+            && !(data.len() >= SPARSE_MIN && data.iter().all(|&b| b == 0))
+    }
+
+    /// Copies a taken chunk (and what came before and after it) into one buffer, as
+    /// if it had been written; returns the chunk's buffer, free now.
+    fn untake(&mut self, pool: Option<&BufferPool>) -> Option<Vec<u8>> {
+        let Taken { before, chunk } = self.taken.take()?;
+        let mut all = pool.map_or_else(|| Vec::with_capacity(FIRST_BUFFER), BufferPool::take_first);
+        all.reserve(before.len() + chunk.len() + self.buf.len());
+        all.extend_from_slice(&before);
+        all.extend_from_slice(&chunk);
+        all.extend_from_slice(&self.buf);
+        self.buf = all;
+        Some(chunk)
+    }
+
+    /// Sends (or, without a writer thread, writes) the pending bytes.
     fn flush_buf(&mut self, behind: Option<&WriteBehind>) -> io::Result<()> {
         self.state.check()?;
-        if self.buf.is_empty() {
+        if let Some(b) = behind {
+            // A queued write is one buffer.
+            if let Some(chunk) = self.untake(Some(&b.pool)) {
+                b.pool.put(chunk);
+            }
+        }
+        let len = self.pending() as u64;
+        if len == 0 {
             return Ok(());
         }
-        let len = self.buf.len() as u64;
         let file = self.temp()?.file().clone();
         match behind {
             Some(b) => {
@@ -613,7 +687,12 @@ impl TempSink {
                 }
             }
             None => {
-                file.write_all_at(&self.buf, self.at)?;
+                match &self.taken {
+                    Some(t) => {
+                        write_all_at_vectored(&file, &[&t.before, &t.chunk, &self.buf], self.at)?
+                    }
+                    None => file.write_all_at(&self.buf, self.at)?,
+                }
                 self.buf.clear();
             }
         }
@@ -621,6 +700,35 @@ impl TempSink {
         self.written_end = self.at;
         Ok(())
     }
+}
+
+/// Writes `parts` one after another at `offset`: one `pwritev` unless the kernel
+/// writes less than asked.
+fn write_all_at_vectored(file: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    let mut first = 0;
+    while first < parts.len() {
+        let slices: Vec<io::IoSlice<'_>> =
+            parts[first..].iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut n = match rustix::io::pwritev(file, &slices, offset) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        offset += n as u64;
+        while n > 0 {
+            let part = &mut parts[first];
+            if n >= part.len() {
+                n -= part.len();
+                first += 1;
+            } else {
+                *part = &part[n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where bytes go until the message is complete.
@@ -651,6 +759,7 @@ impl Output {
             Dest::File(target) => Sink::Temp(TempSink {
                 target: target.clone(),
                 temp: None,
+                taken: None,
                 buf: Vec::new(),
                 at: 0,
                 written_end: 0,
@@ -716,10 +825,14 @@ impl Output {
                 // it has when it settles the output itself.
                 t.state.check()?;
                 // Nothing more is written: the output keeps no buffer while it waits
-                // (it goes back to the pool, for the next outputs).
+                // (they go back to the pool, for the next outputs and chunks).
                 let buf = std::mem::take(&mut t.buf);
+                let chunk = t.taken.take().map(|t| t.chunk);
                 if let Some(pool) = pool {
                     pool.put(buf);
+                    if let Some(chunk) = chunk {
+                        pool.put(chunk);
+                    }
                 }
                 let (end, written_end) = (t.at, t.written_end);
                 t.temp()?.prepare(mode, end, written_end)?;
@@ -779,9 +892,18 @@ impl Write for Output {
                 })
             }
             Sink::Temp(t) => {
-                if t.buf.capacity() == 0 {
-                    t.buf = pool
-                        .map_or_else(|| Vec::with_capacity(FIRST_BUFFER), BufferPool::take_first);
+                let room = t.buf.capacity() - t.buf.len();
+                if room < buf.len() && t.buf.capacity() < FIRST_BUFFER {
+                    // Headers (or what follows a taken chunk) fit a small buffer; more
+                    // moves to a first buffer of the pool.
+                    let small = t.buf.is_empty() && buf.len() <= HEAD_BUFFER;
+                    let mut grown = match pool {
+                        _ if small => Vec::with_capacity(HEAD_BUFFER),
+                        Some(pool) => pool.take_first(),
+                        None => Vec::with_capacity(FIRST_BUFFER),
+                    };
+                    grown.extend_from_slice(&t.buf);
+                    t.buf = grown;
                 }
                 t.buf.extend_from_slice(buf);
                 if t.buf.len() >= WRITE_BUFFER {
@@ -802,11 +924,40 @@ impl Write for Output {
     fn flush(&mut self) -> io::Result<()> {
         let behind = self.behind.as_ref();
         let flushed = match &mut self.sink {
-            Sink::Temp(t) if behind.is_some() && t.buf.len() < SMALL_BUFFER => t.state.check(),
+            Sink::Temp(t) if behind.is_some() && t.pending() < SMALL_BUFFER => t.state.check(),
             Sink::Temp(t) => t.flush_buf(behind),
             Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
         flushed.map_err(|e| output_error(&self.dest, e))
+    }
+}
+
+impl hetcrypt_format::ChunkWrite for Output {
+    /// Written behind, an output's first chunk is taken whole (the pool gives the
+    /// engines another buffer): a small file's output is then its headers, its
+    /// chunk's own buffer and its last (short) chunk, written by one `pwritev` where it
+    /// is settled. Any other chunk is copied (at the second full one, the taken one
+    /// with it: one copy per chunk, as before).
+    fn write_chunk(&mut self, data: Vec<u8>) -> io::Result<Vec<u8>> {
+        let pool = self.behind.as_ref().map(|b| b.pool.clone());
+        if let (Sink::Temp(t), Some(pool)) = (&mut self.sink, &pool) {
+            if t.may_take(&data) {
+                let before = std::mem::take(&mut t.buf);
+                t.taken = Some(Taken {
+                    before,
+                    chunk: data,
+                });
+                return Ok(pool.take_chunk());
+            }
+            if data.len() >= TAKE_MIN {
+                // A second chunk: the file is not small, its bytes go in one buffer.
+                if let Some(chunk) = t.untake(Some(pool)) {
+                    pool.put(chunk);
+                }
+            }
+        }
+        self.write_all(&data)?;
+        Ok(data)
     }
 }
 
@@ -823,4 +974,47 @@ pub fn set_dir_mode(target: &Target, mode: u32) -> io::Result<()> {
     let (dir, _) = dest::open_dir(&target.root, &target.rel, false)?;
     rustix::fs::fchmod(&*dir.fd, Mode::from_raw_mode(mode))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_buffers_emptied_each_in_its_size_and_up_to_its_bound() {
+        let pool = BufferPool::default();
+        assert_eq!(pool.take_chunk().capacity(), 0, "no chunk kept: none made");
+        let mut chunk = Vec::with_capacity(hetcrypt_format::CHUNK_SIZE + 16);
+        chunk.extend_from_slice(b"one file's bytes");
+        pool.put(chunk);
+        let mut first = pool.take_first();
+        first.extend_from_slice(b"another file's");
+        pool.put(first);
+        pool.put(Vec::with_capacity(WRITE_BUFFER));
+        // Too small to be worth keeping.
+        pool.put(Vec::with_capacity(HEAD_BUFFER));
+        assert_eq!(pool.kept(), (1, 1, 1));
+        let (chunk, first) = (pool.take_chunk(), pool.take_first());
+        assert!(chunk.is_empty() && chunk.capacity() >= hetcrypt_format::CHUNK_SIZE);
+        assert!(first.is_empty() && first.capacity() >= FIRST_BUFFER);
+        assert!(pool.take().is_empty());
+        for _ in 0..SMALL_POOL_BUFFERS + 3 {
+            pool.put(Vec::with_capacity(FIRST_BUFFER));
+        }
+        assert_eq!(pool.kept().1, SMALL_POOL_BUFFERS);
+    }
+
+    #[test]
+    fn vectored_writes_put_every_part_in_order_at_the_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::create(&path).unwrap();
+        let big = vec![7u8; 3 * 65_536 + 5];
+        write_all_at_vectored(&file, &[b"head", b"", &big, b"tail"], 3).unwrap();
+        let got = std::fs::read(&path).unwrap();
+        assert_eq!(&got[..3], &[0, 0, 0]);
+        assert_eq!(&got[3..7], b"head");
+        assert_eq!(&got[7..7 + big.len()], &big[..]);
+        assert_eq!(&got[7 + big.len()..], b"tail");
+    }
 }
