@@ -8,8 +8,9 @@
 //!   (`linkat`) only once complete (decrypted: fully authenticated); a signal, a crash
 //!   or `kill -9` before that leaves no trace, since an unnamed file vanishes with its
 //!   last descriptor. It is made with its final permission bits where the umask leaves
-//!   them whole (unnamed, it cannot be opened by anyone who could not open the run's
-//!   own descriptors), saving a `fchmod` per file; otherwise it stays 0600 until ready.
+//!   them whole and no default ACL decides them instead (unnamed, it cannot be opened
+//!   by anyone who could not open the run's own descriptors), saving a `fchmod` per
+//!   file; otherwise it stays 0600 until ready.
 //! - Where the file system has no `O_TMPFILE`, the temporary is a named file
 //!   `.hetcrypt-tmp-<pid>-<random>` (mode 0600): removed on failure, on SIGINT, SIGTERM
 //!   and SIGHUP, and, after a `kill -9`, by the next run that writes into the same
@@ -89,6 +90,28 @@ pub struct DirFd {
     pub fd: Arc<OwnedFd>,
     /// Its path, for messages and to sync it once per run.
     pub path: PathBuf,
+    /// Whether files made in it may get permissions from a default ACL rather than
+    /// from the mode asked less the umask (see [`may_inherit_acl`]).
+    pub inherits_acl: bool,
+}
+
+/// The extended attribute that holds a directory's default ACL.
+const DEFAULT_ACL: &str = "system.posix_acl_default";
+
+/// Bytes asked for when looking for a default ACL: a header and a few entries (a
+/// longer one fails with ERANGE, which says it is there just as well).
+const ACL_PROBE: usize = 64;
+
+/// Whether `dir` has a default ACL, which then decides a new file's permissions in
+/// place of the umask: yes unless the file system says it has none or has no ACLs
+/// (any other answer counts as yes, so the mode is then set by `fchmod`).
+fn may_inherit_acl(dir: &OwnedFd) -> bool {
+    // Only whether it is there matters: a buffer too small for it fails with ERANGE.
+    let mut acl = [0u8; ACL_PROBE];
+    !matches!(
+        rustix::fs::fgetxattr(dir, DEFAULT_ACL, &mut acl[..]),
+        Err(Errno::NODATA | Errno::NOTSUP)
+    )
 }
 
 fn errno_message(path: &Path, e: Errno) -> io::Error {
@@ -167,6 +190,7 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
         };
     }
     let dir = DirFd {
+        inherits_acl: may_inherit_acl(&fd),
         fd: Arc::new(fd),
         path,
     };
@@ -452,12 +476,13 @@ fn named_temp(dir: &DirFd) -> io::Result<(File, u64, OsString)> {
 impl Temp {
     /// A new temporary in `dir`, for an output that gets the permission bits `mode`:
     /// anonymous where the file system allows, and then made with `mode` if the umask
-    /// leaves it whole (see [`final_mode_at_creation`]).
+    /// leaves it whole and `dir` has no default ACL (see [`final_mode_at_creation`]).
     pub fn new(dir: DirFd, mode: Option<u32>) -> io::Result<Self> {
         sweep_leftovers(&dir);
         if anonymous_temporaries() {
             let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
-            let created_mode = final_mode_at_creation(mode, umask());
+            let umask = if dir.inherits_acl { None } else { umask() };
+            let created_mode = final_mode_at_creation(mode, umask);
             let made_with = Mode::from_raw_mode(created_mode.unwrap_or(PRIVATE_MODE));
             match rustix::fs::openat(&*dir.fd, ".", flags, made_with) {
                 Ok(fd) => {
