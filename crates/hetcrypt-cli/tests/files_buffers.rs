@@ -35,21 +35,30 @@ fn size(i: usize) -> usize {
 }
 
 /// File `i`'s content: bytes no other file has at the same place (xorshift seeded by
-/// `i`), or zeros.
+/// `i`), or zeros, or (every [`ZEROS_EVERY`] files, another offset) those bytes with
+/// its second chunk zeroed: a taken first chunk, then a hole.
 fn content(i: usize) -> Vec<u8> {
     if i % ZEROS_EVERY == ZEROS_EVERY - 1 {
         return vec![0; size(i)];
     }
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1);
-    (0..size(i))
+    let mut bytes: Vec<u8> = (0..size(i))
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x as u8
         })
-        .collect()
+        .collect();
+    if i % ZEROS_EVERY == 2 {
+        let len = bytes.len();
+        bytes[len.min(CHUNK)..len.min(2 * CHUNK)].fill(0);
+    }
+    bytes
 }
+
+/// The format's chunk (plaintext bytes).
+const CHUNK: usize = 16 * 1024;
 
 fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
