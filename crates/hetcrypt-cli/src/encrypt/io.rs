@@ -45,8 +45,9 @@ const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 /// these few bytes, not a copy of the chunk as well.
 const HEAD_BUFFER: usize = 256;
 
-/// Chunk outputs of at least this many bytes are taken whole rather than copied (a
-/// quarter chunk: below it the copy costs less than its buffer's round trip).
+/// Chunk outputs of at least this many bytes (a quarter chunk) are taken whole rather
+/// than copied: what is shorter (a short last chunk, a tag) is a cheap copy, and its
+/// buffer, often a whole chunk's, is better left to the engines as a spare.
 const TAKE_MIN: usize = 4096;
 
 /// Chunk buffers kept for reuse once written (given back to the engines as spares),
@@ -506,14 +507,15 @@ impl QueuedWrite {
 
 /// Buffers going round between the outputs and the threads that write them: large
 /// ones ([`WRITE_BUFFER`]) of files written behind, so a large file's buffers are
-/// allocated once, and small outputs' first buffers ([`FIRST_BUFFER`]), given back
-/// once the writer or a settler wrote them, so a tree of small files does not
-/// allocate (and first-touch) a fresh buffer per file. A buffer is emptied before it is
-/// kept: what an output wrote is only ever what it was given.
+/// allocated once; small outputs' first buffers ([`FIRST_BUFFER`]) and the chunk
+/// buffers small outputs took whole, given back once the writer or a settler wrote
+/// them, so a tree of small files does not allocate a fresh buffer per file (chunk
+/// buffers go on to the engines as spares). A buffer is emptied before it is kept:
+/// what an output wrote is only ever what it was given.
 #[derive(Clone, Debug, Default)]
 pub struct BufferPool(Arc<Pools>);
 
-/// The two pools of [`BufferPool`].
+/// The pools of [`BufferPool`], by the buffers' size.
 #[derive(Debug, Default)]
 struct Pools {
     large: Mutex<Vec<Vec<u8>>>,
