@@ -184,3 +184,64 @@ fn outputs_that_fail_to_settle_fail_alone_whichever_thread_settles_them() {
     }
     assert_no_temporaries(&enc);
 }
+
+/// A default ACL in POSIX's extended-attribute form (`linux/posix_acl_xattr.h`:
+/// version 2, then tag, permissions, id per entry, little-endian): `u::rwx`,
+/// `g::r-x`, `o::---`, which would give a file made there group read and others
+/// nothing whatever mode it is made with.
+fn default_acl() -> Vec<u8> {
+    const VERSION: u32 = 2;
+    const USER_OBJ: u16 = 0x01;
+    const GROUP_OBJ: u16 = 0x04;
+    const OTHER: u16 = 0x20;
+    let mut acl = VERSION.to_le_bytes().to_vec();
+    for (tag, perm) in [(USER_OBJ, 7u16), (GROUP_OBJ, 5), (OTHER, 0)] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&u32::MAX.to_le_bytes());
+    }
+    acl
+}
+
+/// Where a default ACL decides a new file's permissions (not the umask), outputs are
+/// not made with their final mode: they still get their input's mode, as `fchmod`
+/// gives it.
+#[test]
+fn under_a_default_acl_outputs_still_get_their_inputs_modes() {
+    let t = scratch();
+    let key = key(t.path());
+    let (src, enc, dec) = (
+        t.path().join("src"),
+        t.path().join("enc"),
+        t.path().join("dec"),
+    );
+    make_tree(&src);
+    for dir in [&enc, &dec] {
+        fs::create_dir(dir).unwrap();
+        let set = rustix::fs::setxattr(
+            dir.as_path(),
+            "system.posix_acl_default",
+            &default_acl(),
+            rustix::fs::XattrFlags::empty(),
+        );
+        if let Err(e) = set {
+            files_support::cannot_run_here(
+                "under_a_default_acl_outputs_still_get_their_inputs_modes",
+                &format!("cannot set a default ACL on {}: {e}", dir.display()),
+            );
+            return;
+        }
+    }
+    let (ok, s) = run_json("022", &[&"encrypt", &"--key", &key, &src, &"-o", &enc]);
+    assert!(ok, "{s:#}");
+    for i in 0..FILES {
+        assert_eq!(mode(&encrypted(&enc, i)), MODES[i % MODES.len()], "{i}");
+    }
+    let (ok, s) = run_json("022", &[&"decrypt", &"--key", &key, &enc, &"-o", &dec]);
+    assert!(ok, "{s:#}");
+    for i in 0..FILES {
+        let p = dec.join(rel(i));
+        assert_eq!(fs::read(&p).unwrap(), content(i), "{i}");
+        assert_eq!(mode(&p), MODES[i % MODES.len()], "{i}");
+    }
+}

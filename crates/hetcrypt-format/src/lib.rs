@@ -42,7 +42,7 @@ pub use header::Wrapper;
 pub use kdf::Hash;
 pub use manifest::{FileEntry, Manifest};
 pub use pipeline::{Observer, Pipeline, Stats, Stream};
-pub use stream::{DecryptStream, EncryptStream, Framing, OpenParams, SealParams};
+pub use stream::{ChunkWrite, DecryptStream, EncryptStream, Framing, OpenParams, SealParams};
 
 /// The C2SP chunk: 16 KiB, as TLS 1.3's record limit (the spec chose it to match).
 pub const CHUNK_SIZE: usize = 16 * 1024;

@@ -15,6 +15,7 @@
 //! previous batch's (fresh output memory cost more than encrypting it on our VM).
 
 use std::collections::VecDeque;
+use std::sync::mpsc;
 
 use hetcrypt::engine::EngineRef;
 use hetcrypt::policy::Policy;
@@ -179,17 +180,29 @@ pub struct Pipeline<'p> {
 /// A batch that ran, joined: its jobs and result.
 type Ran = Option<(Batch, BatchResult)>;
 
-/// Waits for a running batch (a panic in it goes on here); its error if it could not
-/// be planned.
+/// A batch sent to the engines' thread, with the output buffers it may write into.
+type ToRun = (Batch, Vec<JobOutput>);
+
+/// A batch the engines' thread ran, with its result.
+type RanBatch = (Batch, hetcrypt::Result<BatchResult>);
+
+/// Waits for the batch the engines' thread is running, if any; its error if it could
+/// not be planned. A panic on that thread goes on here.
 fn finish_batch(
-    running: Option<std::thread::ScopedJoinHandle<'_, (Batch, hetcrypt::Result<BatchResult>)>>,
+    running: &mut bool,
+    ran: &mpsc::Receiver<RanBatch>,
+    engines: &mut Option<std::thread::ScopedJoinHandle<'_, ()>>,
 ) -> hetcrypt::Result<Ran> {
-    let Some(handle) = running else {
+    if !std::mem::take(running) {
         return Ok(None);
-    };
-    match handle.join() {
+    }
+    match ran.recv() {
         Ok((batch, result)) => result.map(|r| Some((batch, r))),
-        Err(panic) => std::panic::resume_unwind(panic),
+        // The thread ended without an answer: it panicked.
+        Err(mpsc::RecvError) => match engines.take().map(std::thread::ScopedJoinHandle::join) {
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            _ => unreachable!("the engines' thread answers every batch unless it panics"),
+        },
     }
 }
 
@@ -366,8 +379,8 @@ impl<'p> Pipeline<'p> {
     /// Fails as a whole only when a batch cannot be planned (e.g. a policy naming an
     /// engine that is not there); the streams in flight then end with that error too.
     ///
-    /// Batches overlap the streams' I/O: while the engines run batch *n* (on a thread
-    /// of its own, its lanes on theirs), this thread writes the outputs of batch
+    /// Batches overlap the streams' I/O: while the engines run batch *n* (on the run's
+    /// one engines thread, its lanes on theirs), this thread writes the outputs of batch
     /// *n - 1* and reads the inputs of batch *n + 1*. So at most [`IN_FLIGHT_WINDOWS`]
     /// windows of inputs and as many of outputs are in memory.
     pub fn run<S: Stream>(
@@ -389,23 +402,36 @@ impl<'p> Pipeline<'p> {
         // Output buffers the streams are done with, for the next batch to write into.
         let mut spare: Vec<JobOutput> = Vec::with_capacity(window);
         let outcome: hetcrypt::Result<()> = std::thread::scope(|scope| {
-            let mut running: Option<std::thread::ScopedJoinHandle<'_, _>> = None;
+            // One thread runs the batches, one after another, for the whole run: a
+            // thread started and joined per batch cost about 3% of a tree of small
+            // files (about a batch per 128 files).
+            let (to_engines, batches) = mpsc::sync_channel::<ToRun>(1);
+            let (ran_tx, ran) = mpsc::sync_channel::<RanBatch>(1);
+            let mut engines = Some(scope.spawn(move || {
+                for (batch, reuse) in batches {
+                    let result = dispatcher.run_reusing(&batch.jobs, policy, reuse);
+                    if ran_tx.send((batch, result)).is_err() {
+                        return;
+                    }
+                }
+            }));
+            let mut running = false;
             loop {
                 // Read the next batch while the engines run the current one.
                 let next = flight.fill(dispatcher, window);
-                let mut done = finish_batch(running.take())?;
+                let mut done = finish_batch(&mut running, &ran, &mut engines)?;
                 // No batch runs now: the finished streams' keys can go.
                 flight.remove_keys(dispatcher);
                 if !next.jobs.is_empty() {
                     let reuse = std::mem::take(&mut spare);
-                    running = Some(scope.spawn(move || {
-                        let result = dispatcher.run_reusing(&next.jobs, policy, reuse);
-                        (next, result)
-                    }));
+                    // The thread takes batches until this sender goes: the send fails
+                    // only if it panicked, which waiting for the batch then raises.
+                    let _ = to_engines.send((next, reuse));
+                    running = true;
                 }
                 if !overlap {
                     // In turn: this batch's outputs are written before more is read.
-                    done = finish_batch(running.take())?;
+                    done = finish_batch(&mut running, &ran, &mut engines)?;
                 }
                 // Write the outputs of the batch that ran while the next one runs.
                 if let Some((batch, result)) = done {
@@ -420,7 +446,7 @@ impl<'p> Pipeline<'p> {
                     }
                 }
                 flight.finish_ready(observer);
-                if running.is_none() && flight.active.is_empty() && !flight.more {
+                if !running && flight.active.is_empty() && !flight.more {
                     return Ok(());
                 }
             }

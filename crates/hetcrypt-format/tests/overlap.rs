@@ -159,6 +159,9 @@ impl io::Write for FailOn {
     }
 }
 
+/// Copies each chunk's output, as any writer does by default.
+impl hetcrypt_format::ChunkWrite for FailOn {}
+
 #[test]
 fn a_write_failing_mid_run_asks_its_stream_for_no_more_chunks() {
     let key = [2u8; 16];

@@ -32,6 +32,9 @@ impl Write for FullDisk {
     }
 }
 
+/// Copies each chunk's output, as any writer does by default.
+impl hetcrypt_format::ChunkWrite for FullDisk {}
+
 /// A reader that fails after `ok` bytes, as a disk with a bad sector.
 struct BadSector<'a> {
     data: &'a [u8],
@@ -327,4 +330,114 @@ fn a_padded_ciphertext_or_a_full_disk_stops_the_stream_at_once() {
         "read {}",
         taken.get()
     );
+}
+
+/// Plans as `Pull` does, except its `fail_at`-th batch (counting from 1), which it
+/// fails: by panicking, or with an error.
+struct FailingPolicy {
+    plans: std::sync::atomic::AtomicUsize,
+    fail_at: usize,
+    panics: bool,
+}
+
+impl FailingPolicy {
+    fn new(fail_at: usize, panics: bool) -> Self {
+        FailingPolicy {
+            plans: std::sync::atomic::AtomicUsize::new(0),
+            fail_at,
+            panics,
+        }
+    }
+}
+
+impl hetcrypt::policy::Policy for FailingPolicy {
+    fn name(&self) -> String {
+        "failing".into()
+    }
+
+    fn plan(
+        &self,
+        plan: &hetcrypt::policy::Plan<'_>,
+    ) -> hetcrypt::Result<Box<dyn hetcrypt::policy::Schedule>> {
+        let n = self.plans.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == self.fail_at {
+            if self.panics {
+                panic!("the policy panicked on purpose");
+            }
+            return Err(hetcrypt::Error::Policy {
+                policy: self.name(),
+                reason: "failed on purpose".into(),
+            });
+        }
+        hetcrypt::policy::Policy::plan(&Pull, plan)
+    }
+}
+
+/// One-chunk messages, `n` of them.
+fn small_messages(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| common::pattern(100 + i, i as u64)).collect()
+}
+
+/// Batches run on one thread for the whole run: a panic there (here the policy's, in
+/// the fourth batch, after that thread ran three) reaches the caller with its own
+/// message, rather than hanging the run or being lost.
+#[test]
+fn a_panic_on_the_engines_thread_reaches_the_caller() {
+    let key = [7u8; 16];
+    let pts = small_messages(20);
+    let policy = FailingPolicy::new(4, true);
+    let streams = pts
+        .iter()
+        .map(|pt| EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm)));
+    let mut results = Results(Vec::new());
+    let mut p = Pipeline::new(common::cpu(), &policy).unwrap().window(2);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        p.run(streams, &mut results)
+    }));
+    let payload = run.expect_err("the panic reaches the caller");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"the policy panicked on purpose")
+    );
+    assert_eq!(policy.plans.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
+
+/// A batch that cannot be planned ends the run with the error and the streams in
+/// flight with it, those finished before keep their results, and the same pipeline
+/// runs again afterwards (on a new engines thread).
+#[test]
+fn a_batch_that_cannot_be_planned_ends_the_run_and_the_pipeline_runs_again() {
+    let key = [8u8; 16];
+    let pts = small_messages(20);
+    let policy = FailingPolicy::new(3, false);
+    fn seal<'a>(pt: &'a [u8], key: &[u8]) -> EncryptStream<&'a [u8], Vec<u8>> {
+        EncryptStream::new(pt, Vec::new(), key, SealParams::new(Aead::Aes128Gcm))
+    }
+    let mut p = Pipeline::new(common::cpu(), &policy).unwrap().window(2);
+    let mut results = Results(Vec::new());
+    let err = p
+        .run(pts.iter().map(|pt| seal(pt, &key)), &mut results)
+        .unwrap_err();
+    assert!(err.to_string().contains("failed on purpose"), "{err}");
+    // Each message is one short (last) chunk, so the two batches planned before, of
+    // two chunks each, held the first four messages.
+    let ok = results.0.iter().filter(|(_, r)| r.is_ok()).count();
+    assert_eq!(ok, 4, "messages finished before the failure");
+    assert!(
+        results.0.len() < pts.len(),
+        "messages never started are not reported"
+    );
+    assert!(p.dispatcher().keys().is_empty());
+
+    let mut again = Results(Vec::new());
+    p.run(pts.iter().map(|pt| seal(pt, &key)), &mut again)
+        .unwrap();
+    assert_eq!(again.0.len(), pts.len());
+    for (i, (stream, result)) in again.0.into_iter().enumerate() {
+        result.unwrap();
+        let ct = stream.into_parts().1;
+        let opened = common::open(&common::cpu(), &Pull, &key, OpenParams::Hetcrypt, &ct, 4);
+        opened.result.unwrap();
+        assert_eq!(opened.written, pts[i], "message {i}");
+    }
 }

@@ -7,7 +7,10 @@
 //! - An output is first an anonymous `O_TMPFILE` file in its directory, given a name
 //!   (`linkat`) only once complete (decrypted: fully authenticated); a signal, a crash
 //!   or `kill -9` before that leaves no trace, since an unnamed file vanishes with its
-//!   last descriptor.
+//!   last descriptor. It is made with its final permission bits where the umask leaves
+//!   them whole and no default ACL decides them instead (unnamed, it cannot be opened
+//!   by anyone who could not open the run's own descriptors), saving a `fchmod` per
+//!   file; otherwise it stays 0600 until ready.
 //! - Where the file system has no `O_TMPFILE`, the temporary is a named file
 //!   `.hetcrypt-tmp-<pid>-<random>` (mode 0600): removed on failure, on SIGINT, SIGTERM
 //!   and SIGHUP, and, after a `kill -9`, by the next run that writes into the same
@@ -87,6 +90,28 @@ pub struct DirFd {
     pub fd: Arc<OwnedFd>,
     /// Its path, for messages and to sync it once per run.
     pub path: PathBuf,
+    /// Whether files made in it may get permissions from a default ACL rather than
+    /// from the mode asked less the umask (see [`may_inherit_acl`]).
+    pub inherits_acl: bool,
+}
+
+/// The extended attribute that holds a directory's default ACL.
+const DEFAULT_ACL: &str = "system.posix_acl_default";
+
+/// Bytes asked for when looking for a default ACL: a header and a few entries (a
+/// longer one fails with ERANGE, which says it is there just as well).
+const ACL_PROBE: usize = 64;
+
+/// Whether `dir` has a default ACL, which then decides a new file's permissions in
+/// place of the umask: yes unless the file system says it has none or has no ACLs
+/// (any other answer counts as yes, so the mode is then set by `fchmod`).
+fn may_inherit_acl(dir: &OwnedFd) -> bool {
+    // Only whether it is there matters: a buffer too small for it fails with ERANGE.
+    let mut acl = [0u8; ACL_PROBE];
+    !matches!(
+        rustix::fs::fgetxattr(dir, DEFAULT_ACL, &mut acl[..]),
+        Err(Errno::NODATA | Errno::NOTSUP)
+    )
 }
 
 fn errno_message(path: &Path, e: Errno) -> io::Error {
@@ -165,6 +190,7 @@ pub fn open_dir(root: &Path, rel: &Path, create: bool) -> io::Result<(DirFd, boo
         };
     }
     let dir = DirFd {
+        inherits_acl: may_inherit_acl(&fd),
         fd: Arc::new(fd),
         path,
     };
@@ -386,6 +412,31 @@ fn anonymous_temporaries() -> bool {
     !forced_off && *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
 }
 
+/// The process's umask, read once from `/proc/self/status` (Linux 4.7 and later);
+/// `None` where it cannot be read. Read, not set: `umask(2)` can only be asked by
+/// changing it, which other threads making files at that moment would see.
+fn umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        parse_umask(&status)
+    })
+}
+
+/// The `Umask:` field of a `/proc/<pid>/status` text (octal).
+fn parse_umask(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
+}
+
+/// The mode to create an anonymous temporary with, if it can be its final one:
+/// `mode` is what the output gets, and creating applies the umask, so only a mode the
+/// umask leaves whole comes out as asked (else `fchmod` sets it once complete).
+fn final_mode_at_creation(mode: Option<u32>, umask: Option<u32>) -> Option<u32> {
+    let (mode, umask) = (mode?, umask?);
+    (mode & umask == 0).then_some(mode)
+}
+
 /// A temporary output file in a destination directory.
 #[derive(Debug)]
 pub struct Temp {
@@ -394,6 +445,8 @@ pub struct Temp {
     dir: DirFd,
     /// `Some((id, name))` for a named temporary, `None` for an anonymous one.
     named: Option<(u64, OsString)>,
+    /// The permission bits it was made with when they are already its final ones.
+    created_mode: Option<u32>,
 }
 
 /// Makes a fresh named temporary in `dir` and registers it for removal on a signal.
@@ -421,17 +474,23 @@ fn named_temp(dir: &DirFd) -> io::Result<(File, u64, OsString)> {
 }
 
 impl Temp {
-    /// A new temporary in `dir`: anonymous where the file system allows.
-    pub fn new(dir: DirFd) -> io::Result<Self> {
+    /// A new temporary in `dir`, for an output that gets the permission bits `mode`:
+    /// anonymous where the file system allows, and then made with `mode` if the umask
+    /// leaves it whole and `dir` has no default ACL (see [`final_mode_at_creation`]).
+    pub fn new(dir: DirFd, mode: Option<u32>) -> io::Result<Self> {
         sweep_leftovers(&dir);
         if anonymous_temporaries() {
             let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
-            match rustix::fs::openat(&*dir.fd, ".", flags, Mode::from_raw_mode(PRIVATE_MODE)) {
+            let umask = if dir.inherits_acl { None } else { umask() };
+            let created_mode = final_mode_at_creation(mode, umask);
+            let made_with = Mode::from_raw_mode(created_mode.unwrap_or(PRIVATE_MODE));
+            match rustix::fs::openat(&*dir.fd, ".", flags, made_with) {
                 Ok(fd) => {
                     return Ok(Temp {
                         file: Arc::new(File::from(fd)),
                         dir,
                         named: None,
+                        created_mode,
                     })
                 }
                 // No O_TMPFILE on this file system or kernel: a named one.
@@ -444,6 +503,7 @@ impl Temp {
             file: Arc::new(file),
             dir,
             named: Some((id, name)),
+            created_mode: None,
         })
     }
 
@@ -461,7 +521,7 @@ impl Temp {
     /// `end` bytes, of which the first `written_end` were written (a hole at the end,
     /// zeros skipped, is part of the file too).
     pub fn prepare(&self, mode: Option<u32>, end: u64, written_end: u64) -> io::Result<()> {
-        if let Some(mode) = mode {
+        if let Some(mode) = mode.filter(|&m| self.created_mode != Some(m)) {
             rustix::fs::fchmod(&*self.file, Mode::from_raw_mode(mode))?;
         }
         if written_end < end {
@@ -600,5 +660,39 @@ impl Drop for Temp {
             let _ = rustix::fs::unlinkat(&*self.dir.fd, name.as_os_str(), AtFlags::empty());
             live().remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_umask_is_read_from_the_status_text() {
+        let status = "Name:\thetcrypt\nUmask:\t0027\nState:\tR (running)\n";
+        assert_eq!(parse_umask(status), Some(0o027));
+        assert_eq!(parse_umask("Name:\thetcrypt\n"), None);
+        assert_eq!(parse_umask("Umask:\tnot octal\n"), None);
+    }
+
+    #[test]
+    fn a_temporary_is_made_with_its_mode_only_when_the_umask_leaves_it_whole() {
+        assert_eq!(
+            final_mode_at_creation(Some(0o644), Some(0o022)),
+            Some(0o644)
+        );
+        assert_eq!(final_mode_at_creation(Some(0o755), Some(0)), Some(0o755));
+        // The umask would take bits away: made private, set by fchmod when ready.
+        assert_eq!(final_mode_at_creation(Some(0o664), Some(0o022)), None);
+        assert_eq!(final_mode_at_creation(Some(0o644), Some(0o077)), None);
+        // No mode to give (standard input), or the umask unknown.
+        assert_eq!(final_mode_at_creation(None, Some(0o022)), None);
+        assert_eq!(final_mode_at_creation(Some(0o644), None), None);
+    }
+
+    #[test]
+    fn this_process_umask_is_known() {
+        // Linux has reported it in /proc/self/status since 4.7.
+        assert!(umask().is_some());
     }
 }

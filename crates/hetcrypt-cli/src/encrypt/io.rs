@@ -40,6 +40,26 @@ const STDOUT_BUFFER: usize = 64 * 1024;
 /// filled.
 const POOL_BUFFERS: usize = super::WRITE_QUEUE + 2;
 
+/// A new output's buffer for its headers: a chunk's output that follows is taken
+/// whole (see [`Output::write_chunk`]), so a small file's output holds its chunk and
+/// these few bytes, not a copy of the chunk as well.
+const HEAD_BUFFER: usize = 256;
+
+/// Chunk outputs of at least this many bytes (a quarter chunk) are taken whole rather
+/// than copied: what is shorter (a short last chunk, a tag) is a cheap copy, and its
+/// buffer, often a whole chunk's, is better left to the engines as a spare.
+const TAKE_MIN: usize = 4096;
+
+/// Chunk buffers kept for reuse once written (given back to the engines as spares),
+/// as many as small outputs' first buffers (see [`SMALL_POOL_BUFFERS`]).
+const CHUNK_POOL_BUFFERS: usize = SMALL_POOL_BUFFERS;
+
+/// Small outputs' first buffers kept for reuse: about as many as the outputs queued
+/// for the writer and the settler (17 x 16 and 9 x 16), so a tree of small files
+/// reuses them round after round. Buffers are only made when none is kept, so keeping
+/// them never holds more than the outputs in flight held at once (docs/format.md).
+const SMALL_POOL_BUFFERS: usize = 512;
+
 /// Permission bits an output may carry: never setuid, setgid or sticky (a decrypted
 /// file must not gain powers from whoever made the ciphertext).
 pub const FILE_MODE_BITS: u32 = 0o777;
@@ -485,29 +505,78 @@ impl QueuedWrite {
     }
 }
 
-/// Write buffers going round between the outputs and the writer thread, so a large
-/// file's buffers are allocated once.
+/// Buffers going round between the outputs and the threads that write them: large
+/// ones ([`WRITE_BUFFER`]) of files written behind, so a large file's buffers are
+/// allocated once; small outputs' first buffers ([`FIRST_BUFFER`]) and the chunk
+/// buffers small outputs took whole, given back once the writer or a settler wrote
+/// them, so a tree of small files does not allocate a fresh buffer per file (chunk
+/// buffers go on to the engines as spares). A buffer is emptied before it is kept:
+/// what an output wrote is only ever what it was given.
 #[derive(Clone, Debug, Default)]
-pub struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+pub struct BufferPool(Arc<Pools>);
+
+/// The pools of [`BufferPool`], by the buffers' size.
+#[derive(Debug, Default)]
+struct Pools {
+    large: Mutex<Vec<Vec<u8>>>,
+    small: Mutex<Vec<Vec<u8>>>,
+    /// Chunk outputs taken whole by outputs and written: spares for the engines.
+    chunks: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Locks a pool, whatever a panicking holder left in it (only empty buffers).
+fn lock_pool(pool: &Mutex<Vec<Vec<u8>>>) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    pool.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl BufferPool {
+    /// A large buffer (at least [`WRITE_BUFFER`] bytes of capacity), empty.
     fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock_pool(&self.0.large)
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(WRITE_BUFFER))
     }
 
+    /// A new output's first buffer (at least [`FIRST_BUFFER`] bytes), empty.
+    fn take_first(&self) -> Vec<u8> {
+        lock_pool(&self.0.small)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(FIRST_BUFFER))
+    }
+
+    /// A buffer for the engines to write a chunk's output into, if one is kept
+    /// (else an empty one: the engine makes its own).
+    fn take_chunk(&self) -> Vec<u8> {
+        lock_pool(&self.0.chunks).pop().unwrap_or_default()
+    }
+
+    /// Keeps `data`, emptied, for reuse if its pool has room (else frees it).
     fn put(&self, mut data: Vec<u8>) {
-        let mut pool = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if pool.len() < POOL_BUFFERS && data.capacity() >= WRITE_BUFFER {
-            data.clear();
+        let (pool, most) = if data.capacity() >= WRITE_BUFFER {
+            (&self.0.large, POOL_BUFFERS)
+        } else if data.capacity() >= FIRST_BUFFER {
+            (&self.0.small, SMALL_POOL_BUFFERS)
+        } else if data.capacity() >= hetcrypt_format::CHUNK_SIZE {
+            (&self.0.chunks, CHUNK_POOL_BUFFERS)
+        } else {
+            return;
+        };
+        data.clear();
+        let mut pool = lock_pool(pool);
+        if pool.len() < most {
             pool.push(data);
         }
+    }
+
+    /// Buffers kept now: chunks, small and large (for tests).
+    #[cfg(test)]
+    fn kept(&self) -> (usize, usize, usize) {
+        (
+            lock_pool(&self.0.chunks).len(),
+            lock_pool(&self.0.small).len(),
+            lock_pool(&self.0.large).len(),
+        )
     }
 }
 
@@ -521,18 +590,29 @@ pub struct WriteBehind {
     pub pool: BufferPool,
 }
 
-/// An output file being written: its pending buffer starts at offset `at`; its
-/// temporary is made when the first buffer is written (a small file's, by the writer
-/// thread when it names it).
+/// A chunk's output an output took whole, and the bytes written before it (its
+/// headers); those written after it are in the sink's `buf`.
+struct Taken {
+    before: Vec<u8>,
+    chunk: Vec<u8>,
+}
+
+/// An output file being written: its pending bytes (`taken`'s, then `buf`'s) start at
+/// offset `at`; its temporary is made when the first buffer is written (a small
+/// file's, by the writer thread or a settler when it settles it).
 struct TempSink {
     target: Target,
     temp: Option<Temp>,
+    /// A chunk's output taken whole, before `buf` (a small output's only chunk).
+    taken: Option<Taken>,
     buf: Vec<u8>,
     at: u64,
     /// Where the last buffer written ends: short of the end when the file ends in a
     /// hole (zeros not written), whose length `settle` then sets.
     written_end: u64,
     state: Arc<WriteState>,
+    /// The permission bits the output gets (its temporary may be made with them).
+    mode: Option<u32>,
 }
 
 impl TempSink {
@@ -541,18 +621,59 @@ impl TempSink {
         if self.temp.is_none() {
             let parent = self.target.rel.parent().unwrap_or(Path::new(""));
             let dir = dest::open_output_dir(&self.target.root, parent)?;
-            self.temp = Some(Temp::new(dir)?);
+            self.temp = Some(Temp::new(dir, self.mode)?);
         }
         Ok(self.temp.as_ref().expect("made just above"))
     }
 
-    /// Sends (or, without a writer thread, writes) the pending buffer.
+    /// Bytes pending: not yet sent nor written.
+    fn pending(&self) -> usize {
+        let taken = self
+            .taken
+            .as_ref()
+            .map_or(0, |t| t.before.len() + t.chunk.len());
+        taken + self.buf.len()
+    }
+
+    /// Whether a chunk's output `data` may be taken whole: only an output's first
+    /// chunk, with nothing sent or made yet (a small file's only one; a larger file's
+    /// first, copied with the second, see [`TempSink::untake`]), and never zeros that
+    /// a hole may stand for (see [`SPARSE_MIN`]).
+    fn may_take(&self, data: &[u8]) -> bool {
+        self.taken.is_none()
+            && self.temp.is_none()
+            && self.at == 0
+            && self.buf.len() <= HEAD_BUFFER
+            && data.len() >= TAKE_MIN
+            && !(data.len() >= SPARSE_MIN && data.iter().all(|&b| b == 0))
+    }
+
+    /// Copies a taken chunk (and what came before and after it) into one buffer, as
+    /// if it had been written; returns the chunk's buffer, free now.
+    fn untake(&mut self, pool: Option<&BufferPool>) -> Option<Vec<u8>> {
+        let Taken { before, chunk } = self.taken.take()?;
+        let mut all = pool.map_or_else(|| Vec::with_capacity(FIRST_BUFFER), BufferPool::take_first);
+        all.reserve(before.len() + chunk.len() + self.buf.len());
+        all.extend_from_slice(&before);
+        all.extend_from_slice(&chunk);
+        all.extend_from_slice(&self.buf);
+        self.buf = all;
+        Some(chunk)
+    }
+
+    /// Sends (or, without a writer thread, writes) the pending bytes.
     fn flush_buf(&mut self, behind: Option<&WriteBehind>) -> io::Result<()> {
         self.state.check()?;
-        if self.buf.is_empty() {
+        if let Some(b) = behind {
+            // A queued write is one buffer.
+            if let Some(chunk) = self.untake(Some(&b.pool)) {
+                b.pool.put(chunk);
+            }
+        }
+        let len = self.pending() as u64;
+        if len == 0 {
             return Ok(());
         }
-        let len = self.buf.len() as u64;
         let file = self.temp()?.file().clone();
         match behind {
             Some(b) => {
@@ -568,7 +689,12 @@ impl TempSink {
                 }
             }
             None => {
-                file.write_all_at(&self.buf, self.at)?;
+                match &self.taken {
+                    Some(t) => {
+                        write_all_at_vectored(&file, &[&t.before, &t.chunk, &self.buf], self.at)?
+                    }
+                    None => file.write_all_at(&self.buf, self.at)?,
+                }
                 self.buf.clear();
             }
         }
@@ -576,6 +702,35 @@ impl TempSink {
         self.written_end = self.at;
         Ok(())
     }
+}
+
+/// Writes `parts` one after another at `offset`: one `pwritev` unless the kernel
+/// writes less than asked.
+fn write_all_at_vectored(file: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    let mut first = 0;
+    while first < parts.len() {
+        let slices: Vec<io::IoSlice<'_>> =
+            parts[first..].iter().map(|p| io::IoSlice::new(p)).collect();
+        let mut n = match rustix::io::pwritev(file, &slices, offset) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        offset += n as u64;
+        while n > 0 {
+            let part = &mut parts[first];
+            if n >= part.len() {
+                n -= part.len();
+                first += 1;
+            } else {
+                *part = &part[n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where bytes go until the message is complete.
@@ -594,6 +749,8 @@ pub struct Output {
     sink: Sink,
     mode: Option<u32>,
     behind: Option<WriteBehind>,
+    /// Where its buffers come from and go back to once written (kept when detached).
+    pool: Option<BufferPool>,
 }
 
 impl Output {
@@ -604,10 +761,12 @@ impl Output {
             Dest::File(target) => Sink::Temp(TempSink {
                 target: target.clone(),
                 temp: None,
+                taken: None,
                 buf: Vec::new(),
                 at: 0,
                 written_end: 0,
                 state: Arc::default(),
+                mode: mode.map(|m| m & FILE_MODE_BITS),
             }),
             Dest::Stdout => Sink::Stdout(None),
         };
@@ -616,11 +775,13 @@ impl Output {
             sink,
             mode: mode.map(|m| m & FILE_MODE_BITS),
             behind: None,
+            pool: None,
         }
     }
 
     /// The same, its full buffers written by the writer thread behind `behind`.
     pub fn behind(mut self, behind: WriteBehind) -> Self {
+        self.pool = Some(behind.pool.clone());
         self.behind = Some(behind);
         self
     }
@@ -658,14 +819,23 @@ impl Output {
     /// is durable once its file system is synced.
     pub fn settle(&mut self) -> io::Result<()> {
         let behind = self.behind.clone();
+        let pool = self.pool.as_ref();
         let mode = self.mode;
         let settled = match &mut self.sink {
             Sink::Temp(t) => t.flush_buf(behind.as_ref()).and_then(|()| {
                 // Written behind: settled once the writer thread wrote it all, which
                 // it has when it settles the output itself.
                 t.state.check()?;
-                // Nothing more is written: the output keeps no buffer while it waits.
-                t.buf = Vec::new();
+                // Nothing more is written: the output keeps no buffer while it waits
+                // (they go back to the pool, for the next outputs and chunks).
+                let buf = std::mem::take(&mut t.buf);
+                let chunk = t.taken.take().map(|t| t.chunk);
+                if let Some(pool) = pool {
+                    pool.put(buf);
+                    if let Some(chunk) = chunk {
+                        pool.put(chunk);
+                    }
+                }
                 let (end, written_end) = (t.at, t.written_end);
                 t.temp()?.prepare(mode, end, written_end)?;
                 test_fail_settle(&t.target)
@@ -714,6 +884,7 @@ impl Output {
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let behind = self.behind.as_ref();
+        let pool = self.pool.as_ref();
         let written = match &mut self.sink {
             Sink::Temp(t) if buf.len() >= SPARSE_MIN && buf.iter().all(|&b| b == 0) => {
                 // A hole: the pending buffer goes first, then the offset moves on.
@@ -723,8 +894,18 @@ impl Write for Output {
                 })
             }
             Sink::Temp(t) => {
-                if t.buf.capacity() == 0 {
-                    t.buf.reserve(FIRST_BUFFER);
+                let room = t.buf.capacity() - t.buf.len();
+                if room < buf.len() && t.buf.capacity() < FIRST_BUFFER {
+                    // Headers (or what follows a taken chunk) fit a small buffer; more
+                    // moves to a first buffer of the pool.
+                    let small = t.buf.is_empty() && buf.len() <= HEAD_BUFFER;
+                    let mut grown = match pool {
+                        _ if small => Vec::with_capacity(HEAD_BUFFER),
+                        Some(pool) => pool.take_first(),
+                        None => Vec::with_capacity(FIRST_BUFFER),
+                    };
+                    grown.extend_from_slice(&t.buf);
+                    t.buf = grown;
                 }
                 t.buf.extend_from_slice(buf);
                 if t.buf.len() >= WRITE_BUFFER {
@@ -745,11 +926,40 @@ impl Write for Output {
     fn flush(&mut self) -> io::Result<()> {
         let behind = self.behind.as_ref();
         let flushed = match &mut self.sink {
-            Sink::Temp(t) if behind.is_some() && t.buf.len() < SMALL_BUFFER => t.state.check(),
+            Sink::Temp(t) if behind.is_some() && t.pending() < SMALL_BUFFER => t.state.check(),
             Sink::Temp(t) => t.flush_buf(behind),
             Sink::Stdout(w) => w.as_mut().map_or(Ok(()), BufWriter::flush),
         };
         flushed.map_err(|e| output_error(&self.dest, e))
+    }
+}
+
+impl hetcrypt_format::ChunkWrite for Output {
+    /// Written behind, an output's first chunk is taken whole (the pool gives the
+    /// engines another buffer): a small file's output is then its headers, its
+    /// chunk's own buffer and its last (short) chunk, written by one `pwritev` where it
+    /// is settled. Any other chunk is copied (at the second full one, the taken one
+    /// with it: one copy per chunk, as before).
+    fn write_chunk(&mut self, data: Vec<u8>) -> io::Result<Vec<u8>> {
+        let pool = self.behind.as_ref().map(|b| b.pool.clone());
+        if let (Sink::Temp(t), Some(pool)) = (&mut self.sink, &pool) {
+            if t.may_take(&data) {
+                let before = std::mem::take(&mut t.buf);
+                t.taken = Some(Taken {
+                    before,
+                    chunk: data,
+                });
+                return Ok(pool.take_chunk());
+            }
+            if data.len() >= TAKE_MIN {
+                // A second chunk: the file is not small, its bytes go in one buffer.
+                if let Some(chunk) = t.untake(Some(pool)) {
+                    pool.put(chunk);
+                }
+            }
+        }
+        self.write_all(&data)?;
+        Ok(data)
     }
 }
 
@@ -766,4 +976,47 @@ pub fn set_dir_mode(target: &Target, mode: u32) -> io::Result<()> {
     let (dir, _) = dest::open_dir(&target.root, &target.rel, false)?;
     rustix::fs::fchmod(&*dir.fd, Mode::from_raw_mode(mode))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_buffers_emptied_each_in_its_size_and_up_to_its_bound() {
+        let pool = BufferPool::default();
+        assert_eq!(pool.take_chunk().capacity(), 0, "no chunk kept: none made");
+        let mut chunk = Vec::with_capacity(hetcrypt_format::CHUNK_SIZE + 16);
+        chunk.extend_from_slice(b"one file's bytes");
+        pool.put(chunk);
+        let mut first = pool.take_first();
+        first.extend_from_slice(b"another file's");
+        pool.put(first);
+        pool.put(Vec::with_capacity(WRITE_BUFFER));
+        // Too small to be worth keeping.
+        pool.put(Vec::with_capacity(HEAD_BUFFER));
+        assert_eq!(pool.kept(), (1, 1, 1));
+        let (chunk, first) = (pool.take_chunk(), pool.take_first());
+        assert!(chunk.is_empty() && chunk.capacity() >= hetcrypt_format::CHUNK_SIZE);
+        assert!(first.is_empty() && first.capacity() >= FIRST_BUFFER);
+        assert!(pool.take().is_empty());
+        for _ in 0..SMALL_POOL_BUFFERS + 3 {
+            pool.put(Vec::with_capacity(FIRST_BUFFER));
+        }
+        assert_eq!(pool.kept().1, SMALL_POOL_BUFFERS);
+    }
+
+    #[test]
+    fn vectored_writes_put_every_part_in_order_at_the_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::create(&path).unwrap();
+        let big = vec![7u8; 3 * 65_536 + 5];
+        write_all_at_vectored(&file, &[b"head", b"", &big, b"tail"], 3).unwrap();
+        let got = std::fs::read(&path).unwrap();
+        assert_eq!(&got[..3], &[0, 0, 0]);
+        assert_eq!(&got[3..7], b"head");
+        assert_eq!(&got[7..7 + big.len()], &big[..]);
+        assert_eq!(&got[7 + big.len()..], b"tail");
+    }
 }
