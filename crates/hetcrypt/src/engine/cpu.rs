@@ -3,6 +3,7 @@
 //! multi-buffer CBC encryption when a lane is given several messages at once.
 
 mod chain;
+mod gcm;
 mod multibuf;
 mod parallel;
 mod select;
@@ -270,6 +271,7 @@ impl CpuEngine {
             contexts: Vec::new(),
             cbc_chains: Vec::new(),
             aes_keys: Vec::new(),
+            gcm_keys: Vec::new(),
             width: self.width(),
             select: Arc::clone(&self.select),
             ctr_scratch: None,
@@ -352,7 +354,15 @@ impl Engine for CpuEngine {
                                 both(Direction::Decrypt)
                             )
                         }
-                        Mode::Gcm => format!("openssl-evp ({evp}; the one implementation)"),
+                        Mode::Gcm => match self.select.gcm_choice(cipher) {
+                            Some(choice) => format!(
+                                "{choice} [ring: ring {} AES-GCM; openssl-evp: {evp}]",
+                                gcm::RING_VERSION
+                            ),
+                            None => format!(
+                                "openssl-evp ({evp}; ring has no {cipher}, so the one implementation)"
+                            ),
+                        },
                     };
                     CipherDriver {
                         cipher,
@@ -468,6 +478,9 @@ pub struct CpuLane {
     /// Expanded keys per (key, size), most recently used first (a list for the same
     /// reason as `contexts`); zeroized on drop by the `aes` crate.
     aes_keys: Vec<((KeyId, KeySize), multibuf::AesKey)>,
+    /// `ring` GCM key schedules per (key, size), most recently used first; zeroed on
+    /// drop (`gcm.rs`).
+    gcm_keys: Vec<((KeyId, KeySize), gcm::GcmKey)>,
     width: Width,
     /// Which implementation runs CTR and CBC decryption, per key size and job size.
     select: Arc<select::Selection>,
@@ -605,6 +618,45 @@ impl CpuLane {
             .is_some_and(|c| c.uses_crate(job.input.len()))
     }
 
+    /// Whether `job` is GCM that `ring` serves (AES-128/256, a 96-bit IV, within
+    /// [`gcm::MAX_INPUT`]) and `ring` is the faster implementation at its size.
+    #[inline]
+    fn uses_ring(&self, job: &Job) -> bool {
+        job.cipher.mode == Mode::Gcm
+            && job.iv().len() == gcm::IV_LEN
+            && job.input.len() <= gcm::MAX_INPUT
+            && self
+                .select
+                .gcm_choice(job.cipher)
+                .is_some_and(|c| c.for_len(job.input.len()) == Implementation::Ring)
+    }
+
+    /// Runs a validated GCM job through `ring` (see [`CpuLane::uses_ring`]).
+    fn run_ring(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        let cipher = job.cipher;
+        let key = most_recent(&mut self.gcm_keys, (job.key, cipher.key_size), || {
+            keys.with_key(job.key, |key| {
+                gcm::GcmKey::new(cipher, key.as_bytes()).unwrap_or(Err(Error::NoEngine { cipher }))
+            })?
+        })?;
+        let iv: &[u8; gcm::IV_LEN] = job.iv().try_into().map_err(|_| Error::IvLength {
+            cipher,
+            expected: gcm::IV_LEN,
+            got: job.iv().len(),
+        })?;
+        out.tag = None;
+        match job.direction {
+            Direction::Encrypt => {
+                out.tag = Some(gcm::seal(key, iv, &job.aad, &job.input, &mut out.data)?);
+                Ok(())
+            }
+            Direction::Decrypt => {
+                let tag = job.tag.as_ref().ok_or(Error::MissingTag { cipher })?;
+                gcm::open(key, iv, &job.aad, &job.input, tag, &mut out.data)
+            }
+        }
+    }
+
     /// Runs one job, through the `aes` crate if it is block-parallel and the crate is
     /// chosen for it, else through EVP (CBC encryption on a chained context; the
     /// thread is pinned already).
@@ -613,6 +665,8 @@ impl CpuLane {
         let result = job.validate().and_then(|()| {
             if self.uses_crate(job) {
                 self.run_parallel(job, keys, out)
+            } else if self.uses_ring(job) {
+                self.run_ring(job, keys, out)
             } else if is_cbc_encrypt(job) {
                 self.cbc_chain(job, keys)?.encrypt(job, out)
             } else {
@@ -966,6 +1020,7 @@ impl Lane for CpuLane {
         self.contexts.retain(|((id, _, _), _)| !ids.contains(id));
         self.cbc_chains.retain(|((id, _), _)| !ids.contains(id));
         self.aes_keys.retain(|((id, _), _)| !ids.contains(id));
+        self.gcm_keys.retain(|((id, _), _)| !ids.contains(id));
         true
     }
 
@@ -1341,6 +1396,7 @@ mod tests {
             lane.contexts.iter().any(|((k, _, _), _)| *k == id)
                 || lane.cbc_chains.iter().any(|((k, _), _)| *k == id)
                 || lane.aes_keys.iter().any(|((k, _), _)| *k == id)
+                || lane.gcm_keys.iter().any(|((k, _), _)| *k == id)
         };
         assert!(holds(&lane, a) && holds(&lane, b));
         assert!(lane.forget_keys(&[a]));
@@ -1918,9 +1974,9 @@ mod tests {
         );
         assert_eq!(auto.choice(Cipher::AES_128_GCM, Direction::Encrypt), None);
         assert_eq!(auto.choice(Cipher::AES_128_CBC, Direction::Encrypt), None);
-        for (parallel, name) in [
-            (BlockParallel::On, "aes-crate"),
-            (BlockParallel::Off, "openssl-evp"),
+        for (parallel, name, gcm_name) in [
+            (BlockParallel::On, "aes-crate", "ring"),
+            (BlockParallel::Off, "openssl-evp", "openssl-evp"),
         ] {
             let engine = CpuEngine::with_lanes(1).block_parallel(parallel);
             let choice = engine
@@ -1930,7 +1986,11 @@ mod tests {
             for driver in &engine.info().ciphers {
                 let text = &driver.driver;
                 match driver.cipher.mode {
-                    Mode::Gcm => assert!(text.starts_with("openssl-evp (OpenSSL"), "{text}"),
+                    // ring has no AES-192: EVP serves it alone.
+                    Mode::Gcm if driver.cipher.key_size == KeySize::Aes192 => {
+                        assert!(text.starts_with("openssl-evp (OpenSSL"), "{text}")
+                    }
+                    Mode::Gcm => assert!(text.starts_with(gcm_name), "{text}"),
                     Mode::Ctr => assert!(text.starts_with(name), "{text}"),
                     Mode::Cbc | Mode::CbcPkcs7 => {
                         assert!(text.starts_with("encryption: openssl-evp"), "{text}");

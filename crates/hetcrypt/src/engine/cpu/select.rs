@@ -1,11 +1,12 @@
-//! Which implementation runs CTR and CBC decryption on this CPU: both measured at first use, the faster kept.
+//! Which implementation runs CTR, CBC decryption and GCM on this CPU: both measured at first use, the faster kept.
 //!
 //! Two implementations can run the block-parallel modes: OpenSSL EVP (one keyed
 //! context per lane, the IV set per job) and the `aes` crate's block-parallel loops
 //! (`parallel.rs`). Which one is faster depends on the CPU and on the job size, not on
 //! the CPU it was tuned on: on an Intel host with AES-NI and AVX-512F the crate won at
 //! every size; on an AMD EPYC with VAES the issue-23 runs saw EVP win CTR at 16 KiB in
-//! some runs. So the first job of each (mode, key size) on an engine times both on
+//! some runs. GCM likewise has two: EVP and `ring`'s (`gcm.rs`), for AES-128 and
+//! AES-256 with 96-bit IVs. So the first job of each (mode, key size) on an engine times both on
 //! jobs of a few sizes, in alternating rounds, and keeps the faster one per size band;
 //! `hetcrypt engines` prints the figures. The probe costs about a millisecond per
 //! (mode, key size), once per process: it measures the CPU, which every engine shares.
@@ -67,6 +68,8 @@ pub enum Implementation {
     AesCrate,
     /// OpenSSL EVP, one keyed context per lane, the IV set per job.
     Evp,
+    /// `ring`'s AES-GCM (`gcm.rs`): GCM's other implementation.
+    Ring,
 }
 
 impl fmt::Display for Implementation {
@@ -74,6 +77,7 @@ impl fmt::Display for Implementation {
         f.write_str(match self {
             Implementation::AesCrate => "aes-crate",
             Implementation::Evp => "openssl-evp",
+            Implementation::Ring => "ring",
         })
     }
 }
@@ -83,17 +87,19 @@ impl fmt::Display for Implementation {
 pub struct Probe {
     /// Job size in bytes.
     pub size: usize,
-    /// The `aes` crate's throughput.
-    pub aes_crate: f64,
+    /// The throughput of the implementation EVP is measured against (the `aes` crate,
+    /// or `ring` for GCM: the choice's `native`).
+    pub native: f64,
     /// EVP's throughput.
     pub evp: f64,
 }
 
 impl Probe {
-    /// The faster implementation at this size (EVP on a tie: it is the reference).
-    pub fn winner(&self) -> Implementation {
-        if self.aes_crate > self.evp {
-            Implementation::AesCrate
+    /// The faster implementation at this size, `native` being what [`Probe::native`]
+    /// timed (EVP on a tie: it is the reference).
+    pub fn winner(&self, native: Implementation) -> Implementation {
+        if self.native > self.evp {
+            native
         } else {
             Implementation::Evp
         }
@@ -112,6 +118,8 @@ pub struct Choice {
     pub crossover: usize,
     /// The measurements, smallest size first; empty when configuration forced it.
     pub probes: Vec<Probe>,
+    /// What EVP was measured against: the `aes` crate, or `ring` (GCM).
+    pub native: Implementation,
 }
 
 impl Choice {
@@ -122,22 +130,23 @@ impl Choice {
             large: implementation,
             crossover: 0,
             probes: Vec::new(),
+            native: implementation,
         }
     }
 
     /// The choice these measurements give: the winner at the largest size from the
     /// smallest size on which it also won at every larger probe; the winner at the
     /// smallest size below that (so one implementation everywhere if the two agree).
-    pub fn from_probes(probes: Vec<Probe>) -> Self {
+    pub fn from_probes(native: Implementation, probes: Vec<Probe>) -> Self {
         let Some(last) = probes.last() else {
             return Choice::forced(Implementation::Evp);
         };
-        let large = last.winner();
+        let large = last.winner(native);
         let from = probes
             .iter()
-            .rposition(|p| p.winner() != large)
+            .rposition(|p| p.winner(native) != large)
             .map_or(0, |i| i + 1);
-        let small = probes[0].winner();
+        let small = probes[0].winner(native);
         let crossover = match probes.get(from) {
             Some(p) if small != large => p.size,
             _ => 0,
@@ -147,6 +156,7 @@ impl Choice {
             large,
             crossover,
             probes,
+            native,
         }
     }
 
@@ -182,19 +192,16 @@ impl fmt::Display for Choice {
         }
         f.write_str(" (measured")?;
         for (i, p) in self.probes.iter().rev().enumerate() {
-            let (win, lose) = match p.winner() {
-                Implementation::AesCrate => (p.aes_crate, p.evp),
-                Implementation::Evp => (p.evp, p.aes_crate),
-            };
-            let other = match p.winner() {
-                Implementation::AesCrate => Implementation::Evp,
-                Implementation::Evp => Implementation::AesCrate,
+            let winner = p.winner(self.native);
+            let (win, lose, other) = if winner == Implementation::Evp {
+                (p.evp, p.native, self.native)
+            } else {
+                (p.native, p.evp, Implementation::Evp)
             };
             write!(
                 f,
-                "{}{} {} vs {other} {} at {}",
+                "{}{winner} {} vs {other} {} at {}",
                 if i == 0 { " " } else { "; " },
-                p.winner(),
                 rate_name(win),
                 rate_name(lose),
                 size_name(p.size)
@@ -266,8 +273,31 @@ impl fmt::Display for ChainsChoice {
 }
 
 /// The (mode, key size) classes with two implementations: CTR and CBC decryption
-/// (with or without padding: the padding is removed after the same block work).
-const CLASSES: usize = 2 * KeySize::ALL.len();
+/// (with or without padding: the padding is removed after the same block work) at
+/// each key size, then GCM at the two key sizes `ring` serves ([`GCM_KEY_SIZES`]).
+const CLASSES: usize = 2 * KeySize::ALL.len() + GCM_KEY_SIZES.len();
+
+/// GCM's key sizes with a second implementation (`ring` has no AES-192).
+const GCM_KEY_SIZES: [KeySize; 2] = [KeySize::Aes128, KeySize::Aes256];
+
+/// The class of a GCM cipher `ring` serves, if it is one (either direction: `ring`
+/// opens at the speed it seals, so encryption's measurement decides both).
+fn gcm_class_of(cipher: Cipher) -> Option<usize> {
+    if cipher.mode != Mode::Gcm {
+        return None;
+    }
+    let size = GCM_KEY_SIZES.iter().position(|&k| k == cipher.key_size)?;
+    Some(2 * KeySize::ALL.len() + size)
+}
+
+/// What EVP is measured against in a class: `ring` for GCM, the `aes` crate else.
+fn native_of(class: usize) -> Implementation {
+    if class >= 2 * KeySize::ALL.len() {
+        Implementation::Ring
+    } else {
+        Implementation::AesCrate
+    }
+}
 
 /// The class of a block-parallel cipher and direction, if it is one.
 fn class_of(cipher: Cipher, direction: Direction) -> Option<usize> {
@@ -282,6 +312,12 @@ fn class_of(cipher: Cipher, direction: Direction) -> Option<usize> {
 
 /// The cipher and direction the probe of a class times.
 fn probe_job_kind(class: usize) -> (Cipher, Direction) {
+    if let Some(&size) = class
+        .checked_sub(2 * KeySize::ALL.len())
+        .and_then(|k| GCM_KEY_SIZES.get(k))
+    {
+        return (Cipher::new(size, Mode::Gcm), Direction::Encrypt);
+    }
     let size = KeySize::ALL[class % KeySize::ALL.len()];
     if class < KeySize::ALL.len() {
         (Cipher::new(size, Mode::Ctr), Direction::Encrypt)
@@ -326,10 +362,23 @@ impl Selection {
     #[inline]
     pub(crate) fn choice(&self, cipher: Cipher, direction: Direction) -> Option<&Choice> {
         let class = class_of(cipher, direction)?;
-        Some(self.measured[class].get_or_init(|| match self.forced {
-            Some(implementation) => Choice::forced(implementation),
+        Some(self.measured_for(class))
+    }
+
+    /// The choice for a GCM cipher `ring` serves (measured on the first call for its
+    /// key size), or `None` for the others (AES-192-GCM, every other mode).
+    #[inline]
+    pub(crate) fn gcm_choice(&self, cipher: Cipher) -> Option<&Choice> {
+        Some(self.measured_for(gcm_class_of(cipher)?))
+    }
+
+    /// A class's choice: forced (the crate's side is `ring` for GCM) or measured now.
+    fn measured_for(&self, class: usize) -> &Choice {
+        self.measured[class].get_or_init(|| match self.forced {
+            Some(Implementation::Evp) => Choice::forced(Implementation::Evp),
+            Some(_) => Choice::forced(native_of(class)),
             None => measure(class),
-        }))
+        })
     }
 }
 
@@ -341,17 +390,29 @@ fn measure(class: usize) -> Choice {
     let Ok(id) = keys.add(Key::new(vec![0x5a; cipher.key_len()])) else {
         return Choice::forced(Implementation::Evp);
     };
+    let native = native_of(class);
     let mut lanes = [
-        (
-            Implementation::AesCrate,
-            forced_lane(Implementation::AesCrate),
-        ),
+        (native, forced_lane(native)),
         (Implementation::Evp, forced_lane(Implementation::Evp)),
     ];
+    // GCM's probe takes the 96-bit IV `ring` serves; the block modes a whole block.
+    let iv_len = if native == Implementation::Ring {
+        super::gcm::IV_LEN
+    } else {
+        BLOCK_LEN
+    };
     let mut out = JobOutput::default();
     let mut probes = Vec::with_capacity(PROBE_SIZES.len());
     for size in PROBE_SIZES {
-        let job = Job::new(cipher, direction, id, [0x3c; BLOCK_LEN], vec![0xa5; size]);
+        let Ok(job) = Job::with_iv(
+            cipher,
+            direction,
+            id,
+            &[0x3c; BLOCK_LEN][..iv_len],
+            vec![0xa5; size],
+        ) else {
+            return Choice::forced(Implementation::Evp);
+        };
         let jobs = (ROUND_BYTES / size).max(MIN_ROUND_JOBS);
         let mut best = [Duration::MAX; 2];
         for round in 0..ROUNDS {
@@ -372,14 +433,14 @@ fn measure(class: usize) -> Choice {
             }
         }
         let rate = |d: Duration| (jobs * size) as f64 / d.as_secs_f64().max(f64::MIN_POSITIVE);
-        debug_assert_eq!(lanes[0].0, Implementation::AesCrate);
+        debug_assert_eq!(lanes[1].0, Implementation::Evp);
         probes.push(Probe {
             size,
-            aes_crate: rate(best[0]),
+            native: rate(best[0]),
             evp: rate(best[1]),
         });
     }
-    Choice::from_probes(probes)
+    Choice::from_probes(native, probes)
 }
 
 /// Times lockstep CBC encryption of [`WIDTH_PROBE_JOBS`] 1 KiB jobs at each width.
@@ -452,7 +513,7 @@ fn measure_chains() -> ChainsChoice {
 fn forced_lane(implementation: Implementation) -> super::CpuLane {
     use super::{BlockParallel, CpuEngine};
     let parallel = match implementation {
-        Implementation::AesCrate => BlockParallel::On,
+        Implementation::AesCrate | Implementation::Ring => BlockParallel::On,
         Implementation::Evp => BlockParallel::Off,
     };
     CpuEngine::with_lanes(1).block_parallel(parallel).lane(0)
@@ -463,17 +524,13 @@ mod tests {
     use super::*;
     use Implementation::{AesCrate, Evp};
 
-    fn probe(size: usize, aes_crate: f64, evp: f64) -> Probe {
-        Probe {
-            size,
-            aes_crate,
-            evp,
-        }
+    fn probe(size: usize, native: f64, evp: f64) -> Probe {
+        Probe { size, native, evp }
     }
 
     #[test]
     fn one_winner_everywhere_has_no_crossover() {
-        let c = Choice::from_probes(vec![probe(64, 2.0, 1.0), probe(16384, 9.0, 5.0)]);
+        let c = Choice::from_probes(AesCrate, vec![probe(64, 2.0, 1.0), probe(16384, 9.0, 5.0)]);
         assert_eq!((c.small, c.large, c.crossover), (AesCrate, AesCrate, 0));
         assert_eq!(c.for_len(0), AesCrate);
         assert_eq!(c.for_len(1 << 20), AesCrate);
@@ -481,20 +538,26 @@ mod tests {
 
     #[test]
     fn large_winner_takes_over_where_it_keeps_winning() {
-        let c = Choice::from_probes(vec![
-            probe(64, 2.0, 1.0),
-            probe(1024, 4.0, 5.0),
-            probe(16384, 6.0, 8.0),
-        ]);
+        let c = Choice::from_probes(
+            AesCrate,
+            vec![
+                probe(64, 2.0, 1.0),
+                probe(1024, 4.0, 5.0),
+                probe(16384, 6.0, 8.0),
+            ],
+        );
         assert_eq!((c.small, c.large, c.crossover), (AesCrate, Evp, 1024));
         assert_eq!(c.for_len(1023), AesCrate);
         assert_eq!(c.for_len(1024), Evp);
         // A middle size that flips back is not a crossover: only the tail counts.
-        let c = Choice::from_probes(vec![
-            probe(64, 1.0, 2.0),
-            probe(1024, 5.0, 4.0),
-            probe(16384, 6.0, 8.0),
-        ]);
+        let c = Choice::from_probes(
+            AesCrate,
+            vec![
+                probe(64, 1.0, 2.0),
+                probe(1024, 5.0, 4.0),
+                probe(16384, 6.0, 8.0),
+            ],
+        );
         assert_eq!((c.small, c.large, c.crossover), (Evp, Evp, 0));
     }
 
@@ -521,13 +584,16 @@ mod tests {
 
     #[test]
     fn ties_and_no_probes_go_to_evp() {
-        assert_eq!(probe(64, 1.0, 1.0).winner(), Evp);
-        assert_eq!(Choice::from_probes(Vec::new()), Choice::forced(Evp));
+        assert_eq!(probe(64, 1.0, 1.0).winner(AesCrate), Evp);
+        assert_eq!(
+            Choice::from_probes(AesCrate, Vec::new()),
+            Choice::forced(Evp)
+        );
     }
 
     #[test]
     fn description_names_both_and_the_sizes() {
-        let c = Choice::from_probes(vec![probe(64, 2e9, 1e9), probe(16384, 6e9, 8e9)]);
+        let c = Choice::from_probes(AesCrate, vec![probe(64, 2e9, 1e9), probe(16384, 6e9, 8e9)]);
         assert_eq!(
             c.to_string(),
             "aes-crate below 16 KiB, openssl-evp from 16 KiB (measured openssl-evp 8.0 GB/s \
@@ -540,7 +606,7 @@ mod tests {
     }
 
     #[test]
-    fn classes_cover_ctr_and_cbc_decryption_only() {
+    fn classes_cover_ctr_cbc_decryption_and_ring_gcm_only() {
         let mut seen = [false; CLASSES];
         for cipher in Cipher::all() {
             for direction in [Direction::Encrypt, Direction::Decrypt] {
@@ -552,6 +618,7 @@ mod tests {
                         if cipher.mode != Mode::Ctr {
                             assert_eq!(probe_direction, direction);
                         }
+                        assert_eq!(native_of(c), AesCrate);
                         seen[c] = true;
                     }
                     None => assert!(
@@ -559,6 +626,18 @@ mod tests {
                         "{cipher} {direction}"
                     ),
                 }
+            }
+            match gcm_class_of(cipher) {
+                Some(c) => {
+                    assert_eq!(probe_job_kind(c), (cipher, Direction::Encrypt));
+                    assert_eq!(native_of(c), Implementation::Ring);
+                    assert!(class_of(cipher, Direction::Encrypt).is_none());
+                    seen[c] = true;
+                }
+                None => assert!(
+                    cipher.mode != Mode::Gcm || cipher.key_size == KeySize::Aes192,
+                    "{cipher}"
+                ),
             }
         }
         assert!(seen.iter().all(|&s| s));
@@ -577,14 +656,20 @@ mod tests {
             first.probes.iter().map(|p| p.size).collect::<Vec<_>>(),
             PROBE_SIZES
         );
-        assert!(first
-            .probes
-            .iter()
-            .all(|p| p.evp > 0.0 && p.aes_crate > 0.0));
+        assert!(first.probes.iter().all(|p| p.evp > 0.0 && p.native > 0.0));
         let again = selection.choice(Cipher::AES_128_CTR, Direction::Decrypt);
         assert_eq!(again, Some(&first));
         assert!(selection
             .choice(Cipher::AES_128_GCM, Direction::Encrypt)
             .is_none());
+        // GCM: ring against EVP, at every probe size.
+        let gcm = selection
+            .gcm_choice(Cipher::AES_256_GCM)
+            .expect("ring serves AES-256-GCM");
+        assert_eq!(gcm.native, Implementation::Ring);
+        assert_eq!(gcm.probes.len(), PROBE_SIZES.len());
+        assert!(gcm.probes.iter().all(|p| p.evp > 0.0 && p.native > 0.0));
+        assert!([Implementation::Ring, Evp].contains(&gcm.large));
+        assert!(selection.gcm_choice(Cipher::AES_192_GCM).is_none());
     }
 }
