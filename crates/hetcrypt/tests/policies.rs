@@ -423,6 +423,7 @@ fn calibrated_policies_run_every_job_once() {
         point_time: Duration::from_millis(1),
         lanes_len: 4096,
         mixes: true,
+        ..Settings::default()
     };
     let cal = Arc::new(calibration::measure(&engines, &settings, &mut |_| {}).unwrap());
     assert!(cal.unmeasured.is_empty(), "{:?}", cal.unmeasured);
@@ -469,6 +470,7 @@ fn adaptive_from_a_calibration_knows_each_engine_alone_on_a_new_class() {
         point_time: Duration::from_millis(1),
         lanes_len: 16 * 1024,
         mixes: false,
+        ..Settings::default()
     };
     let cal = Arc::new(calibration::measure(&two_cpus(), &settings, &mut |_| {}).unwrap());
     let (d, keys) = dispatcher(two_cpus());

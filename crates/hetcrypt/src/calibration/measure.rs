@@ -57,6 +57,11 @@ const WARM_UP_TIME: Duration = Duration::from_millis(2);
 /// Job size of the lanes sweep: the file format's 16 KiB chunk, where offload matters.
 const LANES_LEN: usize = 16 * 1024;
 
+/// Most lanes the sweep tries on an offload engine by default: past the two a device
+/// engine may run ([`crate::calibration::MAX_CHOSEN_LANES`]), so the store shows whether
+/// more would pay.
+const OFFLOAD_SWEEP_LANES: usize = 4;
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -68,6 +73,11 @@ pub struct Settings {
     pub point_time: Duration,
     /// Job size of the lanes sweep, bytes.
     pub lanes_len: usize,
+    /// Most lanes the sweep tries on an engine that does not use the host CPU (an
+    /// offload device), whatever its own lane count: the sweep is what chooses its
+    /// count ([`crate::calibration::choose_lanes`]). Engines on the host CPU sweep up
+    /// to their own count.
+    pub offload_lanes: usize,
     /// Whether to run each `cpu`-kind engine beside each other engine too, at every
     /// size of the classes both run ([`Calibration::mixes`]).
     pub mixes: bool,
@@ -80,6 +90,7 @@ impl Default for Settings {
             sizes: PROBE_SIZES.to_vec(),
             point_time: POINT_TIME,
             lanes_len: LANES_LEN,
+            offload_lanes: OFFLOAD_SWEEP_LANES,
             mixes: true,
         }
     }
@@ -115,7 +126,17 @@ pub struct Progress<'a> {
     pub step: Step,
 }
 
-/// Lane counts of the sweep: 1, 2, 4, ... up to the engine's own lane count.
+/// The most lanes the sweep tries on `engine`: its own count, and at least
+/// `settings.offload_lanes` on an offload engine.
+fn sweep_lanes(engine: &EngineRef, settings: &Settings) -> usize {
+    if engine.uses_host_cpu() {
+        engine.lanes()
+    } else {
+        engine.lanes().max(settings.offload_lanes)
+    }
+}
+
+/// Lane counts of the sweep: 1, 2, 4, ... up to `lanes`.
 fn lane_counts(lanes: usize) -> Vec<usize> {
     let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))
         .take_while(|&n| n < lanes)
@@ -210,7 +231,8 @@ pub fn measure(
         .iter()
         .zip(engines)
         .map(|(p, e)| {
-            p.len() * lane_counts(e.lanes()).len() + p.iter().map(|t| t.sizes.len()).sum::<usize>()
+            p.len() * lane_counts(sweep_lanes(e, settings)).len()
+                + p.iter().map(|t| t.sizes.len()).sum::<usize>()
         })
         .sum::<usize>()
         + pairs.iter().map(|m| m.sizes.len()).sum::<usize>();
@@ -358,7 +380,8 @@ impl Ctx<'_> {
     /// Measures every class of `plan`; the classes measured, the failures in words, and
     /// whether the engine itself failed.
     fn run(&self, plan: &[Todo]) -> (Vec<ClassCalibration>, Vec<String>, bool) {
-        let sweep = lane_counts(self.engine.lanes());
+        let most = sweep_lanes(self.engine, self.settings);
+        let sweep = lane_counts(most);
         let points_of = |t: &Todo| t.sizes.len() + sweep.len();
         let mut lane = match self.engine.open_lane(0) {
             Ok(lane) => lane,
@@ -368,8 +391,7 @@ impl Ctx<'_> {
             }
         };
         // Lanes 1.. of the sweep, opened on first use by the thread that drives them.
-        let mut extra: Vec<Option<Box<dyn Lane>>> =
-            (1..self.engine.lanes()).map(|_| None).collect();
+        let mut extra: Vec<Option<Box<dyn Lane>>> = (1..most).map(|_| None).collect();
         let mut classes = Vec::new();
         let mut failures = Vec::new();
         for (i, t) in plan.iter().enumerate() {
@@ -768,6 +790,24 @@ mod tests {
         assert_eq!(lane_counts(8), [1, 2, 4, 8]);
     }
 
+    /// An offload engine is swept past its own lane count (the sweep chooses it); one
+    /// on the host CPU only up to its own.
+    #[test]
+    fn an_offload_engine_is_swept_to_the_offload_ceiling() {
+        use crate::engine::tests::Stub;
+        let offload: EngineRef = std::sync::Arc::new(Stub { tuned: true });
+        let host: EngineRef = std::sync::Arc::new(Stub { tuned: false });
+        assert!(!offload.uses_host_cpu() && host.uses_host_cpu());
+        assert_eq!(offload.lanes(), 3);
+        let mut settings = Settings::default();
+        assert_eq!(sweep_lanes(&offload, &settings), OFFLOAD_SWEEP_LANES.max(3));
+        assert_eq!(sweep_lanes(&host, &settings), 3);
+        settings.offload_lanes = 1;
+        assert_eq!(sweep_lanes(&offload, &settings), 3);
+        settings.offload_lanes = 8;
+        assert_eq!(lane_counts(sweep_lanes(&offload, &settings)), [1, 2, 4, 8]);
+    }
+
     /// A short calibration of two cpu engines measures every size and lane count of
     /// every class, reports each point once, and stores positive costs.
     #[test]
@@ -782,6 +822,7 @@ mod tests {
             point_time: Duration::from_millis(1),
             lanes_len: 1024,
             mixes: true,
+            ..Settings::default()
         };
         let mut seen = Vec::new();
         let cal = measure(&engines, &settings, &mut |p| {

@@ -12,6 +12,8 @@
 //!   model and flags, kernel, drivers and their priorities, OpenSSL, hetcrypt). A file
 //!   that is missing, stale, foreign, corrupt or unreadable is reported as a
 //!   [`Loaded`] variant with one sentence to warn with, never as an error;
+//! - [`choose_lanes`] says how many lanes an offload engine runs: the count its
+//!   stored lanes sweep found best, else the engine's default;
 //! - two questions answer what callers need: [`Calibration::cost`] (how long one
 //!   request of `len` bytes takes on an engine) and [`Calibration::crossover`] (from
 //!   which size one engine moves bytes at least as fast as another).
@@ -42,6 +44,7 @@
 //! }
 //! ```
 
+mod lanes;
 mod measure;
 mod store;
 
@@ -49,6 +52,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use lanes::{choose_lanes, LaneChoice, LanesFrom, LANES_TOLERANCE, MAX_CHOSEN_LANES};
 pub use measure::{measure, Progress, Settings, Step, DEFAULT_CIPHERS, PROBE_SIZES};
 pub use store::{
     load, load_store, store_path, DriverId, Fingerprint, Loaded, ENV_PATH, FORMAT_VERSION,
