@@ -57,6 +57,10 @@ const MIN_JOBS: usize = 512;
 const MAX_JOBS: usize = 16 * 1024;
 /// How long to wait for the device to leave the guest after the batch.
 const UNPLUG_WAIT: Duration = Duration::from_secs(30);
+/// Lanes (requests in flight) on the device: two, the engines' default for an offload
+/// device, so the test proves what one lane cannot: the first failure quarantines the
+/// device for every lane at once, and no lane sends it another request.
+const DEVICE_LANES: usize = 2;
 
 fn note(text: &str) {
     let _ = writeln!(std::io::stderr(), "{text}");
@@ -70,12 +74,24 @@ struct Watched {
     inner: EngineRef,
     done: Arc<AtomicUsize>,
     gate: Arc<Gate>,
+    failures: Arc<Failures>,
 }
 
 struct WatchedLane {
     inner: Box<dyn Lane>,
     done: Arc<AtomicUsize>,
     gate: Arc<Gate>,
+    failures: Arc<Failures>,
+    /// Requests of this lane that failed the engine.
+    failed: usize,
+}
+
+/// Requests that failed the device's engine: in all, and the most on one lane (a lane
+/// that saw the device go must never send it another request).
+#[derive(Default)]
+struct Failures {
+    total: AtomicUsize,
+    most_on_a_lane: AtomicUsize,
 }
 
 /// Keeps the device's requests out of the unplug: `hold` stops lanes before their next
@@ -140,6 +156,8 @@ impl Engine for Watched {
             inner: self.inner.open_lane(index)?,
             done: Arc::clone(&self.done),
             gate: Arc::clone(&self.gate),
+            failures: Arc::clone(&self.failures),
+            failed: 0,
         }))
     }
     fn uses_host_cpu(&self) -> bool {
@@ -152,8 +170,18 @@ impl Lane for WatchedLane {
         self.gate.enter();
         let result = self.inner.run(job, keys, out);
         self.gate.leave();
-        if result.is_ok() {
-            self.done.fetch_add(1, Ordering::Release);
+        match &result {
+            Ok(()) => {
+                self.done.fetch_add(1, Ordering::Release);
+            }
+            Err(e) if e.is_engine_failure() => {
+                self.failed += 1;
+                self.failures.total.fetch_add(1, Ordering::AcqRel);
+                self.failures
+                    .most_on_a_lane
+                    .fetch_max(self.failed, Ordering::AcqRel);
+            }
+            Err(_) => {}
         }
         result
     }
@@ -199,6 +227,7 @@ fn unplugging_the_device_mid_batch_loses_no_job() {
     unplug_mid_batch(
         KernelEngine::with_driver(VIRTIO)
             .expect("the guest has the virtio-crypto device")
+            .with_lanes(DEVICE_LANES)
             .into_engine(),
     );
 }
@@ -213,6 +242,7 @@ fn unplugging_the_device_under_devcrypto_mid_batch_loses_no_job() {
     unplug_mid_batch(
         DevcryptoEngine::with_driver(VIRTIO)
             .expect("cryptodev reaches the virtio-crypto device (soft profile)")
+            .with_lanes(DEVICE_LANES)
             .into_engine(),
     );
 }
@@ -229,12 +259,15 @@ fn unplug_mid_batch(kernel: EngineRef) {
         Ok("in-flight") => false,
         Ok(other) => panic!("HETCRYPT_TESTBED_UNPLUG_AT={other}: between or in-flight"),
     };
+    assert_eq!(kernel.lanes(), DEVICE_LANES);
     let done = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(Gate::default());
+    let failures = Arc::new(Failures::default());
     let watched = Watched {
         inner: Arc::clone(&kernel),
         done: Arc::clone(&done),
         gate: Arc::clone(&gate),
+        failures: Arc::clone(&failures),
     };
     let kernel_name = kernel.name().to_string();
     let dispatcher = Dispatcher::new(vec![
@@ -387,6 +420,20 @@ fn unplug_mid_batch(kernel: EngineRef) {
     assert!(
         report.redispatched >= 1,
         "the failed job was not re-dispatched"
+    );
+    // Quarantined for every lane at once: no lane sent the device a request after it
+    // had seen it go, so at most one failed request per lane (lanes already waiting
+    // on the device as it went fail together).
+    let (total, most) = (
+        failures.total.load(Ordering::Acquire),
+        failures.most_on_a_lane.load(Ordering::Acquire),
+    );
+    note(&format!(
+        "failover: {DEVICE_LANES} device lanes, {total} failed request(s), at most {most} on one lane"
+    ));
+    assert!(
+        (1..=DEVICE_LANES).contains(&total) && most == 1,
+        "{total} failed requests, {most} on one lane: a lane sent to the gone device again"
     );
     assert!(dispatcher
         .failed_engines()

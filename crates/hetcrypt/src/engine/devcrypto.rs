@@ -55,11 +55,6 @@ const ALGORITHMS: [(u32, &str, &[Mode]); 2] = [
     (CRYPTO_AES_CTR, "ctr(aes)", &[Mode::Ctr]),
 ];
 
-/// Default lanes: one, for the reason the `kernel` engine has one (the virtio-crypto
-/// device has one data queue, so a second request in flight only queues behind the
-/// first). [`DevcryptoEngine::with_lanes`] raises it for multi-queue hardware.
-const DEFAULT_LANES: usize = 1;
-
 /// Most bytes of one `CIOCCRYPT` request: larger jobs are cut into such requests, each
 /// given the IV/counter the previous one ends with. cryptodev pins the user pages of a
 /// request and hands the driver one scatterlist entry per page, and the 6.1
@@ -241,9 +236,16 @@ impl DevcryptoEngine {
                 }));
             }
         }
+        // The kernel engine's defaults, for its reasons: two requests in flight through
+        // /dev/crypto were 1.3-1.4x one in the soft guest (docs/performance.md).
+        let lanes = if served.iter().all(|s| s.offload) {
+            super::kernel::OFFLOAD_LANES
+        } else {
+            super::kernel::SOFTWARE_LANES
+        };
         Ok(DevcryptoEngine {
             state: Arc::new(State::new(name, served, kernel_release())),
-            lanes: DEFAULT_LANES,
+            lanes,
         })
     }
 }

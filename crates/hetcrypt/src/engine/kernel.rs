@@ -48,14 +48,19 @@ const ALGORITHMS: [(&str, AlgType, &[Mode]); 3] = [
     ("gcm(aes)", AlgType::Aead, &[Mode::Gcm]),
 ];
 
-/// Default lanes per engine: one. A lane is one thread driving one operation socket
-/// with one request in flight. The virtio-crypto driver funnels every request of a
-/// device through one `crypto_engine` kthread per data queue, and QEMU gives the
-/// device one data queue, so a second lane would only queue behind the first while
-/// costing a thread; a software driver runs on the calling CPU, where the `cpu`
-/// engine's lanes already are. [`KernelEngine::with_lanes`] raises it for multi-queue
-/// hardware.
-const DEFAULT_LANES: usize = 1;
+/// Default lanes of an engine whose every cipher is served by an offload device, where
+/// the calibration store has no lanes sweep for it: two. A lane is one thread driving
+/// one operation socket with one request in flight. The virtio-crypto device has one
+/// data queue, yet two requests in flight overlap: while the device (a QEMU host
+/// thread) works on one, the guest's one vCPU builds and submits the next. Measured in
+/// the soft testbed guest (docs/performance.md, "Two requests in flight"): one lane
+/// 0.89-0.93x `openssl speed -engine afalg`, two lanes 1.12-1.21x, at 16 B..16 KiB.
+/// [`KernelEngine::with_lanes`] sets any count; `hetcrypt calibrate` sweeps 1, 2, 4.
+pub const OFFLOAD_LANES: usize = 2;
+
+/// Default lanes of an engine with any cipher served in software on the calling CPU:
+/// one, since a second would only compete with the `cpu` engine's lanes for the CPU.
+pub const SOFTWARE_LANES: usize = 1;
 
 /// Most bytes of one skcipher request: 16 pages (the kernel's `ALG_MAX_PAGES`, the most
 /// AF_ALG pins for one scatterlist entry of the output) of 4 KiB. Well under the
@@ -188,9 +193,14 @@ impl KernelEngine {
             None => probe_generic().map_err(unavailable)?,
             Some(driver) => probe_driver(driver).map_err(unavailable)?,
         };
+        let lanes = if served.iter().all(|s| s.offload) {
+            OFFLOAD_LANES
+        } else {
+            SOFTWARE_LANES
+        };
         Ok(KernelEngine {
             state: Arc::new(State::new(name, served, kernel_release())),
-            lanes: DEFAULT_LANES,
+            lanes,
         })
     }
 }
