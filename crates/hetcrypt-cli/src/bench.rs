@@ -21,8 +21,8 @@ use rand::SeedableRng;
 use crate::calibrate::Policies;
 use crate::output::StagedDir;
 use crate::workload::{
-    human_size, parse_cipher, parse_count, parse_policy, parse_size, random_bytes, random_key,
-    EngineOpts, EngineSet, Machine, Workload,
+    human_size, parse_cipher, parse_count, parse_policy, parse_size, plural, random_bytes,
+    random_key, EngineOpts, EngineSet, Machine, StoredLanes, Workload,
 };
 use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 
@@ -158,12 +158,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Direction::Encrypt
     };
+    let mut makers = Policies::new(args.calibration.as_deref());
     let opts = EngineOpts {
         lanes: args.lanes.map(usize::from),
         cpu_chains: args.cpu_chains.map(usize::from),
         cpu_impl: args.cpu_impl,
+        stored_lanes: makers.calibration().map(|store| StoredLanes {
+            store,
+            cipher,
+            direction,
+        }),
+        ..EngineOpts::default()
     };
-    let set = EngineSet::named_or_all(&args.engines, opts)?;
+    let set = EngineSet::named_or_all(&args.engines, opts.clone())?;
     if set.ready.is_empty() {
         bail!("no engine is available on this machine");
     }
@@ -172,15 +179,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let key = random_key(cipher)?;
     let key_id = dispatcher.add_key(key.clone())?;
 
-    let mut makers = Policies::new(args.calibration.as_deref());
     let (mut policies, mut skipped) =
         choose_policies(&args.policies, &set, &engine_names, &mut makers)?;
     let mut notes = notes;
     if let Some(store) = makers.store() {
         notes.push(format!(
-            "threshold and adaptive started from the calibration in {}",
+            "device lanes, threshold and adaptive from the calibration in {}",
             store.display()
         ));
+    }
+    for engine in &set.ready {
+        if let Some(choice) = opts.lane_choice(engine) {
+            notes.push(format!(
+                "{}: {} lane{} ({})",
+                engine.name(),
+                choice.lanes,
+                plural(choice.lanes),
+                choice.from
+            ));
+        }
     }
     let inputs = match &args.input {
         Some(dir) => read_inputs(dir)?,

@@ -36,7 +36,10 @@ fast as the cpu.
 
 The result goes to one store that every part of hetcrypt reads: the `threshold` policy
 splits at the stored crossover, `adaptive` starts from the stored costs and mix gains
-(and keeps learning), and the OpenSSL provider decides per call between the CPU and the module.
+(and keeps learning), the OpenSSL provider decides per call between the CPU and the module,
+and `bench` and `speed` run each device engine (kernel, devcrypto) with the fewest lanes of
+its sweep (1, 2, 4 in flight) within 5% of the best, at most 2; `engines` and `--show` say
+how many.
 The store is, in this order: --calibration FILE; $HETCRYPT_CALIBRATION; for root
 /var/lib/hetcrypt/calibration.json; else $XDG_STATE_HOME/hetcrypt/calibration.json or
 ~/.local/state/hetcrypt/calibration.json (a user without one reads root's). It is
@@ -73,7 +76,8 @@ pub struct Args {
     /// aes-{128,256}-{cbc,ctr,gcm}; padded CBC is answered from raw CBC].
     #[arg(long = "cipher", visible_alias = "ciphers", value_name = "CIPHERS", value_delimiter = ',', value_parser = parse_cipher)]
     ciphers: Vec<Cipher>,
-    /// Lanes per engine, the most the lanes sweep tries [default: each engine's own].
+    /// Lanes per engine, the most the lanes sweep tries [default: each engine's own, and
+    /// at least 4 on a device engine, whose count the sweep then chooses].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     lanes: Option<u16>,
     /// No progress bar.
@@ -93,16 +97,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // Fail on a store that cannot be written before spending seconds measuring.
     writable(&path)?;
+    // Engines measured with their defaults, never with an older store's lane counts.
     let opts = EngineOpts {
         lanes: args.lanes.map(usize::from),
-        cpu_chains: None,
-        cpu_impl: None,
+        ..EngineOpts::default()
     };
-    let set = EngineSet::named_or_all(&args.engines, opts)?;
+    let set = EngineSet::named_or_all(&args.engines, opts.clone())?;
     if set.ready.is_empty() {
         bail!("no engine is available on this machine");
     }
     let mut settings = Settings::default();
+    if let Some(n) = opts.lanes {
+        // --lanes is the most the sweep tries, on offload engines too.
+        settings.offload_lanes = n;
+    }
     if !args.ciphers.is_empty() {
         settings.ciphers = args.ciphers.clone();
         settings.ciphers.dedup();
@@ -238,18 +246,29 @@ impl Policies {
         if !policy::uses_calibration(name) {
             return policy::by_name(name);
         }
-        let explicit = self.explicit.as_deref();
-        let loaded = self.loaded.get_or_insert_with(|| {
-            let (path, loaded) = calibration::load_store(explicit, &Fingerprint::current());
-            if let Some(warning) = loaded.warning(&path) {
-                eprintln!("hetcrypt: {warning}");
-            }
-            loaded.calibration().map(|c| (path, Arc::new(c)))
-        });
-        policy::by_name_with(name, loaded.as_ref().map(|(_, c)| c))
+        policy::by_name_with(name, self.load().map(|(_, c)| c))
     }
 
-    /// The store the policies built so far started from, if any did.
+    /// The store itself (loaded on first use, with its warning), if there is one that
+    /// holds on this machine.
+    pub fn calibration(&mut self) -> Option<Arc<Calibration>> {
+        self.load().map(|(_, c)| Arc::clone(c))
+    }
+
+    fn load(&mut self) -> Option<&(PathBuf, Arc<Calibration>)> {
+        let explicit = self.explicit.as_deref();
+        self.loaded
+            .get_or_insert_with(|| {
+                let (path, loaded) = calibration::load_store(explicit, &Fingerprint::current());
+                if let Some(warning) = loaded.warning(&path) {
+                    eprintln!("hetcrypt: {warning}");
+                }
+                loaded.calibration().map(|c| (path, Arc::new(c)))
+            })
+            .as_ref()
+    }
+
+    /// The store the policies (or device lanes) built so far started from, if any did.
     pub fn store(&self) -> Option<&Path> {
         self.loaded.as_ref()?.as_ref().map(|(p, _)| p.as_path())
     }
@@ -361,21 +380,29 @@ fn render(cal: &Calibration, path: &Path, stale: Option<&str>) -> String {
                     .filter(|p| p.wall > 0.0)
                     .map_or_else(|| "-".into(), |p| mb_per_s(p.len as f64 / p.wall))
             }));
-            row.push(
-                c.lanes
-                    .iter()
-                    .map(|l| format!("{}: {}", l.lanes, mb_per_s(l.bytes_per_second)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            );
+            let mut sweep = c
+                .lanes
+                .iter()
+                .map(|l| format!("{}: {}", l.lanes, mb_per_s(l.bytes_per_second)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if e.kind != EngineKind::Cpu {
+                if let Some(best) = c.best_lanes() {
+                    sweep.push_str(&format!(" -> {best}"));
+                }
+            }
+            row.push(sweep);
             grid.row(row);
         }
     }
     out.push_str(&grid.plain());
-    out.push_str(
+    out.push_str(&format!(
         "\nMB/s of one lane, one request at a time; FIXED + PER KIB is the fitted cost of one \
-         request; LANES: MB/s with that many lanes in flight at 16 KiB.\n",
-    );
+         request; LANES: MB/s with that many lanes in flight at 16 KiB, and (-> N) the lanes a \
+         device engine runs from this store: the fewest within {:.0}% of the best, at most {}.\n",
+        calibration::LANES_TOLERANCE * 100.0,
+        calibration::MAX_CHOSEN_LANES
+    ));
     let crossovers = crossover_rows(cal);
     if !crossovers.is_empty() {
         out.push_str("\nCrossovers (from this job size up, the engine moves bytes at least as fast as the cpu):\n\n");

@@ -3,7 +3,9 @@
 
 use std::process::ExitCode;
 
+use hetcrypt::calibration::{self, Calibration, Fingerprint, LanesFrom};
 use hetcrypt::engine::{CipherDriver, EngineInfo, EngineKind};
+use hetcrypt::{Cipher, Direction};
 use serde::Serialize;
 
 use crate::output::Grid;
@@ -25,14 +27,55 @@ struct Listing {
     engines: Vec<EngineInfo>,
     /// Engines this machine lacks, with the reason.
     unavailable: Vec<Unavailable>,
+    /// Per device engine and cipher (encryption), the lanes it runs and why.
+    device_lanes: Vec<DeviceLanes>,
+}
+
+/// The lanes a device engine runs for one cipher: from the calibration store's lanes
+/// sweep where it has one, else the engine's default.
+#[derive(Serialize)]
+struct DeviceLanes {
+    engine: String,
+    cipher: Cipher,
+    lanes: usize,
+    from: LanesFrom,
+}
+
+/// The lanes of every device engine for each of its ciphers (encryption), from `store`
+/// or the engine's default.
+fn device_lanes(engines: &[EngineInfo], store: Option<&Calibration>) -> Vec<DeviceLanes> {
+    let mut out = Vec::new();
+    for info in engines.iter().filter(|i| i.kind != EngineKind::Cpu) {
+        for c in &info.ciphers {
+            let choice = calibration::choose_lanes(
+                None,
+                store,
+                &info.name,
+                c.cipher,
+                Direction::Encrypt,
+                info.lanes,
+            );
+            out.push(DeviceLanes {
+                engine: info.name.clone(),
+                cipher: c.cipher,
+                lanes: choice.lanes,
+                from: choice.from,
+            });
+        }
+    }
+    out
 }
 
 /// Runs `hetcrypt engines`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let set = EngineSet::discover(EngineOpts::default())?;
+    // A store that is missing or does not hold here only means default lanes.
+    let (_, loaded) = calibration::load_store(None, &Fingerprint::current());
+    let engines = set.infos();
     let listing = Listing {
         machine: Machine::now(),
-        engines: set.infos(),
+        device_lanes: device_lanes(&engines, loaded.calibration().as_ref()),
+        engines,
         unavailable: set.unavailable,
     };
     if args.json {
@@ -64,10 +107,14 @@ fn render(listing: &Listing) -> String {
                     String::new()
                 },
                 if first { kind.clone() } else { String::new() },
-                if first {
-                    info.lanes.to_string()
-                } else {
-                    String::new()
+                match listing
+                    .device_lanes
+                    .iter()
+                    .find(|d| d.engine == info.name && d.cipher == c.cipher)
+                {
+                    Some(d) => format!("{} ({})", d.lanes, d.from),
+                    None if first => info.lanes.to_string(),
+                    None => String::new(),
                 },
                 c.cipher.to_string(),
                 if info.kind == EngineKind::Cpu {
@@ -105,6 +152,15 @@ fn render(listing: &Listing) -> String {
         m.openssl
     );
     out.push_str(&grid.plain());
+    if !listing.device_lanes.is_empty() {
+        out.push_str(&format!(
+            "\nLANES of a device engine: requests in flight for that cipher (encryption); \
+             stored: the fewest within {:.0}% of the best of `hetcrypt calibrate`'s sweep, \
+             at most {}; default: the engine's own, without a stored sweep.\n",
+            calibration::LANES_TOLERANCE * 100.0,
+            calibration::MAX_CHOSEN_LANES
+        ));
+    }
     for info in listing.engines.iter().filter(|i| i.kind == EngineKind::Cpu) {
         out.push_str(&format!(
             "\n{}: the implementation of each cipher, and why (CTR and CBC decryption: \

@@ -13,8 +13,12 @@ use serde::Serialize;
 
 use crate::workload::{
     parse_cipher, parse_count, parse_policy, parse_size, plural, random_bytes, random_key,
-    EngineOpts, EngineSet, Machine, Workload,
+    EngineOpts, EngineSet, Machine, StoredLanes, Workload,
 };
+
+/// Lanes of the `cpu` engine without --lanes: one, as `openssl speed` without `-multi`
+/// runs one thread.
+const SPEED_CPU_LANES: usize = 1;
 
 /// `openssl speed`'s default block sizes (OpenSSL 3.0 `speed.c`, `lengths_list`).
 const OPENSSL_SIZES: &str = "16,64,256,1024,8192,16384";
@@ -75,8 +79,9 @@ pub struct Args {
     /// Seconds to run each size (openssl's default is 3).
     #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     seconds: f64,
-    /// Lanes per engine (default 1, like `openssl speed` without -multi; with
-    /// --split, the most lanes to try, default every core).
+    /// Lanes per engine (default: 1 on cpu, like `openssl speed` without -multi; a
+    /// device engine's own, from the calibration store's lanes sweep or its default, as
+    /// `hetcrypt engines` shows; with --split, the most lanes to try, default every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     lanes: Option<u16>,
     /// CBC messages a cpu lane encrypts in lockstep (multi-buffer); 1 sends every job
@@ -181,10 +186,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Direction::Encrypt
     };
+    let mut makers = crate::calibrate::Policies::new(None);
     let opts = EngineOpts {
-        lanes: Some(usize::from(args.lanes.unwrap_or(1))),
+        lanes: args.lanes.map(usize::from),
+        cpu_lanes: Some(SPEED_CPU_LANES),
         cpu_chains: args.cpu_chains.map(usize::from),
         cpu_impl: args.cpu_impl,
+        stored_lanes: makers.calibration().map(|store| StoredLanes {
+            store,
+            cipher,
+            direction,
+        }),
     };
     let key = random_key(cipher)?;
 
@@ -200,7 +212,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
         }
     } else {
-        let mut makers = crate::calibrate::Policies::new(None);
         for p in &args.policies {
             targets.push(Target {
                 name: p.clone(),

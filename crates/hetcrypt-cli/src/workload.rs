@@ -2,10 +2,12 @@
 //! reference outputs every run is checked against.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use hetcrypt::calibration::{self, Calibration, LaneChoice};
 use hetcrypt::engine::cpu::{BlockParallel, CpuEngine};
-use hetcrypt::engine::{self, EngineInfo, EngineRef};
+use hetcrypt::engine::{self, EngineInfo, EngineKind, EngineRef};
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyId};
 use serde::Serialize;
 
@@ -77,20 +79,59 @@ impl Unavailable {
 }
 
 /// How to open engines: lane counts and the `cpu` engine's multi-buffer width.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct EngineOpts {
-    /// Lanes per engine (else each engine's default).
+    /// Lanes per engine (else each engine's default, or for a device engine the
+    /// store's choice).
     pub lanes: Option<usize>,
+    /// Lanes of the `cpu` engine when `lanes` is not given (else one per core).
+    pub cpu_lanes: Option<usize>,
     /// CBC messages a `cpu` lane encrypts in lockstep (1: every job through OpenSSL
     /// EVP alone); else the engine's default.
     pub cpu_chains: Option<usize>,
     /// Who runs the `cpu` engine's block-parallel work; else measured (`Auto`).
     pub cpu_impl: Option<BlockParallel>,
+    /// Where a device engine's lanes come from without `lanes`: the store's lanes sweep
+    /// for the run's cipher and direction (else the engine's default).
+    pub stored_lanes: Option<StoredLanes>,
+}
+
+/// The calibration store and the class whose lanes sweep picks a device engine's lane
+/// count ([`calibration::choose_lanes`]).
+#[derive(Clone, Debug)]
+pub struct StoredLanes {
+    /// The store.
+    pub store: Arc<Calibration>,
+    /// The run's cipher.
+    pub cipher: Cipher,
+    /// The run's direction.
+    pub direction: Direction,
 }
 
 impl EngineOpts {
-    fn is_default(self) -> bool {
-        self.lanes.is_none() && self.cpu_chains.is_none() && self.cpu_impl.is_none()
+    fn is_default(&self) -> bool {
+        self.lanes.is_none()
+            && self.cpu_lanes.is_none()
+            && self.cpu_chains.is_none()
+            && self.cpu_impl.is_none()
+            && self.stored_lanes.is_none()
+    }
+
+    /// How many lanes `engine` (opened with these options) runs and why; `None` for a
+    /// `cpu`-kind engine, whose lanes are its cores.
+    pub fn lane_choice(&self, engine: &EngineRef) -> Option<LaneChoice> {
+        if engine.kind() == EngineKind::Cpu {
+            return None;
+        }
+        let stored = self.stored_lanes.as_ref();
+        Some(calibration::choose_lanes(
+            self.lanes,
+            stored.map(|s| s.store.as_ref()),
+            engine.name(),
+            stored.map_or(Cipher::AES_128_CBC, |s| s.cipher),
+            stored.map_or(Direction::Encrypt, |s| s.direction),
+            engine.lanes(),
+        ))
     }
 }
 
@@ -125,7 +166,7 @@ impl EngineSet {
         for found in engine::discover() {
             match found {
                 Ok(e) if opts.is_default() => set.ready.push(e),
-                Ok(e) => set.ready.push(open_engine(e.name(), opts)?),
+                Ok(e) => set.ready.push(open_engine(e.name(), &opts)?),
                 Err(e) => set.unavailable.push(Unavailable::from_error("?", e)),
             }
         }
@@ -136,7 +177,7 @@ impl EngineSet {
     pub fn named(names: &[String], opts: EngineOpts) -> anyhow::Result<Self> {
         let mut ready = Vec::new();
         for name in names {
-            ready.push(open_engine(name, opts)?);
+            ready.push(open_engine(name, &opts)?);
         }
         Ok(EngineSet {
             ready,
@@ -176,20 +217,31 @@ pub fn plural(n: usize) -> &'static str {
     }
 }
 
-/// Opens one engine by its CLI name, turning library errors into one sentence.
-pub fn open_engine(name: &str, opts: EngineOpts) -> anyhow::Result<EngineRef> {
-    if name == "cpu" && (opts.cpu_chains.is_some() || opts.cpu_impl.is_some()) {
-        let lanes = opts
-            .lanes
-            .unwrap_or_else(hetcrypt::engine::cpu::available_cores);
-        let mut engine =
-            CpuEngine::with_lanes(lanes).block_parallel(opts.cpu_impl.unwrap_or_default());
-        if let Some(chains) = opts.cpu_chains {
-            engine = engine.multibuffer(chains);
+/// Opens one engine by its CLI name, turning library errors into one sentence. A
+/// device engine without `opts.lanes` runs the lanes its stored sweep chose, if any.
+pub fn open_engine(name: &str, opts: &EngineOpts) -> anyhow::Result<EngineRef> {
+    if name == "cpu" {
+        let lanes = opts.lanes.or(opts.cpu_lanes);
+        if opts.cpu_chains.is_some() || opts.cpu_impl.is_some() {
+            let lanes = lanes.unwrap_or_else(hetcrypt::engine::cpu::available_cores);
+            let mut engine =
+                CpuEngine::with_lanes(lanes).block_parallel(opts.cpu_impl.unwrap_or_default());
+            if let Some(chains) = opts.cpu_chains {
+                engine = engine.multibuffer(chains);
+            }
+            return Ok(engine.into_engine());
         }
-        return Ok(engine.into_engine());
+        return open_by_name(name, lanes);
     }
-    match engine::by_name(name, opts.lanes) {
+    let engine = open_by_name(name, opts.lanes)?;
+    match opts.lane_choice(&engine) {
+        Some(choice) if choice.lanes != engine.lanes() => open_by_name(name, Some(choice.lanes)),
+        _ => Ok(engine),
+    }
+}
+
+fn open_by_name(name: &str, lanes: Option<usize>) -> anyhow::Result<EngineRef> {
+    match engine::by_name(name, lanes) {
         Ok(e) => Ok(e),
         Err(Error::UnknownName { .. }) => {
             bail!("unknown engine '{name}' (known: cpu, kernel, kernel:<driver>, devcrypto, devcrypto:<driver>)")

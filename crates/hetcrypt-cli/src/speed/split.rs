@@ -88,10 +88,11 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for lanes in 1..=max_lanes {
         let engine = open_engine(
             &engine_name,
-            EngineOpts {
+            &EngineOpts {
                 lanes: Some(lanes),
                 cpu_chains: args.cpu_chains.map(usize::from),
                 cpu_impl: args.cpu_impl,
+                ..EngineOpts::default()
             },
         )?;
         let dispatcher = Dispatcher::new(vec![engine])?;
