@@ -15,7 +15,7 @@ for f in sys.argv[1:]:
         for m in re.finditer(r'chunks of (\d+) bytes: done\. [\d.]+ MB in [\d.]+ secs: ([\d.]+) MB/sec',body):
             ts[int(m.group(1))]=float(m.group(2))*1000
         rows={'afalg':afalg,'ts':[ts.get(s) for s in sizes]}
-        for m in re.finditer(r'=== round \d (kernel|devcrypto) lanes (\d)\n\S+\s+(.*)',body):
+        for m in re.finditer(r'=== round \d (kernel|devcrypto) lanes (\w+)\n\S+\s+(.*)',body):
             rows[f'{m.group(1)}{m.group(2)}']=[float(x) for x in re.findall(r'([\d.]+)k',m.group(3))]
         for k,v in rows.items(): data.setdefault(k,[]).append(v)
 n=len(data['afalg'])
@@ -26,7 +26,9 @@ def med(k,j):
 print('| row | '+' | '.join(f'{s} B' if s<1024 else f'{s//1024} KiB' for s in sizes)+' |')
 print('|---|'+'---:|'*8)
 names={'afalg':'`openssl speed -engine afalg`','ts':"cryptodev `tests/speed`",'kernel1':'`kernel`, 1 lane','kernel2':'`kernel`, 2 lanes','devcrypto1':'`devcrypto`, 1 lane','devcrypto2':'`devcrypto`, 2 lanes'}
-for k in ['afalg','ts','kernel1','kernel2','devcrypto1','devcrypto2']:
+names.update({'kerneldefault':'`kernel`, default lanes','devcryptodefault':'`devcrypto`, default lanes'})
+rows=[k for k in ['afalg','ts','kernel1','kernel2','kerneldefault','devcrypto1','devcrypto2','devcryptodefault'] if k in data]
+for k in rows:
     print(f'| {names[k]} | '+' | '.join(f'{med(k,j):,.0f}' if med(k,j) else '–' for j in range(8))+' |')
 print()
 print('| ratio (median of per-round ratios, range) | '+' | '.join(f'{s} B' if s<1024 else f'{s//1024} KiB' for s in sizes)+' |')
@@ -37,5 +39,7 @@ def ratio(a,b):
         rs=[ra[j]/rb[j] for ra,rb in zip(data[a],data[b]) if ra[j] and rb[j]]
         out.append(f'{st.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})' if rs else '–')
     return out
-for a,b in [('kernel1','afalg'),('kernel2','afalg'),('devcrypto1','kernel1'),('devcrypto2','kernel2'),('devcrypto1','ts'),('devcrypto2','ts')]:
+pairs=[('kernel1','afalg'),('kernel2','afalg'),('devcrypto1','kernel1'),('devcrypto2','kernel2'),('devcrypto1','ts'),('devcrypto2','ts')]
+pairs+=[('kerneldefault','afalg'),('devcryptodefault','kerneldefault'),('devcryptodefault','ts')]
+for a,b in [p for p in pairs if p[0] in data and p[1] in data]:
     print(f'| {names[a]} / {names[b]} | '+' | '.join(ratio(a,b))+' |')
