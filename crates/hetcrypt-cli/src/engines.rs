@@ -187,3 +187,52 @@ fn is_async(c: &CipherDriver) -> String {
         None => "-".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, kind: EngineKind, lanes: usize) -> EngineInfo {
+        EngineInfo {
+            name: name.into(),
+            kind,
+            lanes,
+            ciphers: [Cipher::AES_128_CBC, Cipher::AES_256_CBC]
+                .into_iter()
+                .map(|cipher| CipherDriver {
+                    cipher,
+                    driver: "virtio_crypto_aes_cbc".into(),
+                    priority: Some(150),
+                    module: None,
+                    is_async: Some(true),
+                })
+                .collect(),
+        }
+    }
+
+    /// Without a store every device engine's cipher runs the engine's own count, said
+    /// to be the default; the cpu has no row (its lanes are its cores).
+    #[test]
+    fn without_a_store_device_engines_run_their_default_and_say_so() {
+        let engines = [
+            info("cpu", EngineKind::Cpu, 2),
+            info("kernel:virtio_crypto_aes_cbc", EngineKind::Kernel, 2),
+            info("devcrypto", EngineKind::Devcrypto, 1),
+        ];
+        let rows = device_lanes(&engines, None);
+        let got: Vec<(&str, Cipher, usize, LanesFrom)> = rows
+            .iter()
+            .map(|d| (d.engine.as_str(), d.cipher, d.lanes, d.from))
+            .collect();
+        let k = "kernel:virtio_crypto_aes_cbc";
+        assert_eq!(
+            got,
+            [
+                (k, Cipher::AES_128_CBC, 2, LanesFrom::Default),
+                (k, Cipher::AES_256_CBC, 2, LanesFrom::Default),
+                ("devcrypto", Cipher::AES_128_CBC, 1, LanesFrom::Default),
+                ("devcrypto", Cipher::AES_256_CBC, 1, LanesFrom::Default),
+            ]
+        );
+    }
+}
