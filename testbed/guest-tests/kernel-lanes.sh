@@ -11,14 +11,15 @@
 # CRYPTODEV_SPEED: cryptodev's tests/speed built as kernel-paths.sh describes (its 5 s
 # per size cut to SPEED_SECONDS), installed under the name cryptodev-speed.
 # The engines run with one lane, two, and ("lanes default") their own count: with
-# CALIBRATE=1 the store's choice (`hetcrypt calibrate` runs first), else the default.
+# CALIBRATE=1 the store's choice (`hetcrypt calibrate` runs first), else the default;
+# LANES="default" runs only those (LANES lists the counts, default "1 2 default").
 rounds=${1:-3}
 driver=${DRIVER:-virtio_crypto_aes_cbc}
 sizes=16,64,256,1024,2048,4096,8192,16384
 echo "=== $(uname -r), profile ${HETCRYPT_TESTBED_PROFILE:-?}, driver $driver, $(grep -m1 'model name' /proc/cpuinfo)"
 if [ "${CALIBRATE:-0}" = 1 ]; then
 	hetcrypt calibrate -q >/dev/null || exit 1
-	hetcrypt engines | grep -E "^(kernel|devcrypto):$driver"
+	hetcrypt engines | grep -E "^ *(kernel|devcrypto):$driver"
 fi
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -28,7 +29,7 @@ while [ "$r" -le "$rounds" ]; do
 	done
 	echo "=== round $r tests/speed"
 	SPEED_SECONDS=1 cryptodev-speed 2>&1 | tail -n 8
-	for lanes in 1 2 default; do
+	for lanes in ${LANES:-1 2 default}; do
 		opt="--lanes $lanes"
 		[ "$lanes" = default ] && opt=
 		for engine in kernel devcrypto; do
