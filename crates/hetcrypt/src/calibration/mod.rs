@@ -253,7 +253,21 @@ impl Calibration {
     ) -> Option<usize> {
         let a = self.class(engine_a, cipher, direction)?;
         let b = self.class(engine_b, cipher, direction)?;
-        Some(crossover_of(a, b))
+        Some(crossover_of(
+            (a, self.measured_lanes(engine_a)),
+            (b, self.measured_lanes(engine_b)),
+        ))
+    }
+}
+
+impl Calibration {
+    /// The lanes `engine` had when measured (the sweep may go past them on an offload
+    /// engine), or no limit if it was not measured.
+    fn measured_lanes(&self, engine: &str) -> usize {
+        self.engines
+            .iter()
+            .find(|e| e.name == engine)
+            .map_or(usize::MAX, |e| e.lanes.max(1))
     }
 }
 
@@ -323,6 +337,12 @@ impl ClassCalibration {
     /// How many one-lane throughputs the best lane count of the sweep gave (at least
     /// 1: more lanes never count as a loss, since a caller can use fewer).
     pub fn parallelism(&self) -> f64 {
+        self.parallelism_up_to(usize::MAX)
+    }
+
+    /// [`ClassCalibration::parallelism`] over the sweep's counts up to `lanes` (an
+    /// offload engine is swept past the lanes it runs).
+    pub fn parallelism_up_to(&self, lanes: usize) -> f64 {
         let one = self
             .lanes
             .iter()
@@ -331,6 +351,7 @@ impl ClassCalibration {
         let best = self
             .lanes
             .iter()
+            .filter(|p| p.lanes <= lanes)
             .map(|p| p.bytes_per_second)
             .fold(0.0, f64::max);
         match one {
@@ -343,8 +364,11 @@ impl ClassCalibration {
 /// Where `b`'s bulk rate, `S_b n / (f_b + p_b n)`, reaches `a`'s for good (see
 /// [`Calibration::crossover`]). The rates compare as a linear function of `n`:
 /// `b >= a` iff `n (S_b p_a - S_a p_b) >= S_a f_b - S_b f_a`.
-fn crossover_of(a: &ClassCalibration, b: &ClassCalibration) -> usize {
-    let (sa, sb) = (a.parallelism(), b.parallelism());
+fn crossover_of(
+    (a, lanes_a): (&ClassCalibration, usize),
+    (b, lanes_b): (&ClassCalibration, usize),
+) -> usize {
+    let (sa, sb) = (a.parallelism_up_to(lanes_a), b.parallelism_up_to(lanes_b));
     let slope = sb * a.per_byte - sa * b.per_byte;
     let offset = sa * b.fixed - sb * a.fixed;
     if slope > 0.0 {
@@ -593,7 +617,13 @@ pub(crate) mod tests {
         // 1e-6 + 10e-9 n = (200e-6 + 1e-9 n) / 2  =>  n = 99e-6 / 9.5e-9 = 10,421.
         let mut two = cal.clone();
         two.engines[1].classes[0] = class(c, d, 200e-6, 1e-9, 2.0);
+        two.engines[1].lanes = 2;
         let n = two.crossover(c, d, "cpu", "kernel").unwrap();
         assert!((10_420..=10_422).contains(&n), "{n}");
+        // A sweep past the lanes the engine had (offload engines are swept to 4) does
+        // not count: with 1 lane measured, the 2-lane point is ignored.
+        two.engines[1].lanes = 1;
+        let n = two.crossover(c, d, "cpu", "kernel").unwrap();
+        assert!((22_111..=22_112).contains(&n), "{n}");
     }
 }
