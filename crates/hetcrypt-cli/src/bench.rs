@@ -22,7 +22,7 @@ use crate::calibrate::Policies;
 use crate::output::StagedDir;
 use crate::workload::{
     human_size, parse_cipher, parse_count, parse_policy, parse_size, plural, random_bytes,
-    random_key, EngineOpts, EngineSet, Machine, StoredLanes, Workload,
+    random_key, EngineOpts, EngineSet, Machine, Workload,
 };
 use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 
@@ -163,11 +163,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         lanes: args.lanes.map(usize::from),
         cpu_chains: args.cpu_chains.map(usize::from),
         cpu_impl: args.cpu_impl,
-        stored_lanes: makers.calibration().map(|store| StoredLanes {
-            store,
-            cipher,
-            direction,
-        }),
+        // The policies run each device engine at its default lanes (one), not at the
+        // store's choice: with two module lanes `pull` fell to 0.36-0.80x at 8-256 B
+        // and `adaptive` at 1 KiB from 0.93-0.97 to 0.80-0.81 of the best single engine
+        // (docs/results.md, "Two device lanes against one"); `--lanes` sets any count.
         ..EngineOpts::default()
     };
     let set = EngineSet::named_or_all(&args.engines, opts.clone())?;
@@ -184,7 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut notes = notes;
     if let Some(store) = makers.store() {
         notes.push(format!(
-            "device lanes, threshold and adaptive from the calibration in {}",
+            "threshold and adaptive from the calibration in {}",
             store.display()
         ));
     }

@@ -57,8 +57,8 @@ const MIN_JOBS: usize = 512;
 const MAX_JOBS: usize = 16 * 1024;
 /// How long to wait for the device to leave the guest after the batch.
 const UNPLUG_WAIT: Duration = Duration::from_secs(30);
-/// Lanes (requests in flight) on the device: two, the engines' default for an offload
-/// device, so the test proves what one lane cannot: the first failure quarantines the
+/// Lanes (requests in flight) on the device: two, what `speed` runs where the store's
+/// sweep finds two faster, so the test proves what one lane cannot: the first failure quarantines the
 /// device for every lane at once, and no lane sends it another request.
 const DEVICE_LANES: usize = 2;
 

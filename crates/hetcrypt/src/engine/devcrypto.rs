@@ -236,16 +236,11 @@ impl DevcryptoEngine {
                 }));
             }
         }
-        // The kernel engine's defaults, for its reasons: two requests in flight through
-        // /dev/crypto were 1.3-1.4x one in the soft guest (docs/performance.md).
-        let lanes = if served.iter().all(|s| s.offload) {
-            super::kernel::OFFLOAD_LANES
-        } else {
-            super::kernel::SOFTWARE_LANES
-        };
+        // The kernel engine's default, for its reasons (two requests in flight through
+        // /dev/crypto were 1.3-1.4x one in the soft guest, but cost the policies).
         Ok(DevcryptoEngine {
             state: Arc::new(State::new(name, served, kernel_release())),
-            lanes,
+            lanes: super::kernel::DEFAULT_LANES,
         })
     }
 }

@@ -48,19 +48,18 @@ const ALGORITHMS: [(&str, AlgType, &[Mode]); 3] = [
     ("gcm(aes)", AlgType::Aead, &[Mode::Gcm]),
 ];
 
-/// Default lanes of an engine whose every cipher is served by an offload device, where
-/// the calibration store has no lanes sweep for it: two. A lane is one thread driving
-/// one operation socket with one request in flight. The virtio-crypto device has one
-/// data queue, yet two requests in flight overlap: while the device (a QEMU host
-/// thread) works on one, the guest's one vCPU builds and submits the next. Measured in
-/// the soft testbed guest (docs/performance.md, "Two requests in flight"): one lane
-/// 0.89-0.93x `openssl speed -engine afalg`, two lanes 1.12-1.21x, at 16 B..16 KiB.
-/// [`KernelEngine::with_lanes`] sets any count; `hetcrypt calibrate` sweeps 1, 2, 4.
-pub const OFFLOAD_LANES: usize = 2;
-
-/// Default lanes of an engine with any cipher served in software on the calling CPU:
-/// one, since a second would only compete with the `cpu` engine's lanes for the CPU.
-pub const SOFTWARE_LANES: usize = 1;
+/// Default lanes of a device engine (`kernel` and `devcrypto`), where the caller does
+/// not take the calibration store's lanes sweep: one. A lane is one thread driving one operation socket with one request in flight.
+/// Two requests in flight do overlap on the testbed's device (the guest's vCPU builds
+/// the next while the device, a QEMU host thread, works on one): two lanes measured
+/// 1.12-1.21x `openssl speed -engine afalg` where one measured 0.89-0.93x, so `speed`
+/// runs the count the store's sweep found best (`calibration::lanes`). But under the
+/// policies two module lanes cost `pull` 0.36-0.80x at 8-256 B (docs/results.md, "Two
+/// device lanes against one"), so the default, which every policy result was measured
+/// with, stays one. [`KernelEngine::with_lanes`] sets any count.
+/// A software driver (e.g. `cbc-aes-aesni`) runs on the calling CPU, where a second
+/// lane would only compete with the `cpu` engine's lanes: one there too.
+pub const DEFAULT_LANES: usize = 1;
 
 /// Most bytes of one skcipher request: 16 pages (the kernel's `ALG_MAX_PAGES`, the most
 /// AF_ALG pins for one scatterlist entry of the output) of 4 KiB. Well under the
@@ -193,14 +192,9 @@ impl KernelEngine {
             None => probe_generic().map_err(unavailable)?,
             Some(driver) => probe_driver(driver).map_err(unavailable)?,
         };
-        let lanes = if served.iter().all(|s| s.offload) {
-            OFFLOAD_LANES
-        } else {
-            SOFTWARE_LANES
-        };
         Ok(KernelEngine {
             state: Arc::new(State::new(name, served, kernel_release())),
-            lanes,
+            lanes: DEFAULT_LANES,
         })
     }
 }
