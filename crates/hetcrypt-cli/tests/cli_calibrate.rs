@@ -48,7 +48,7 @@ fn calibrates_stores_and_shows() {
     let store = store.to_str().unwrap();
     let json: serde_json::Value =
         serde_json::from_str(&ok_stdout(quick(store).arg("--json"))).unwrap();
-    assert_eq!(json["format"], 1);
+    assert_eq!(json["format"], hetcrypt::calibration::FORMAT_VERSION);
     let engines = json["engines"].as_array().unwrap();
     assert_eq!(engines.len(), 1);
     assert_eq!(engines[0]["name"], "cpu");
