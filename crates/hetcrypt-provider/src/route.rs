@@ -10,11 +10,11 @@ use std::time::Instant;
 
 use hetcrypt::dispatch::thread_cpu_time;
 use hetcrypt::engine::{self, EngineRef, Lane, RawJob};
-use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
+use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode, KERNEL_SHARE_UNIT};
 use hetcrypt::{Direction, Key, KeyId, KeyStore};
 
 use crate::inner::OFFERED;
-use crate::load::LoadSampler;
+use crate::load::{KernelSampler, LoadSampler};
 
 /// What the provider was told to do (openssl.cnf keys, overridden by environment).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -261,6 +261,11 @@ pub struct Router {
     pub failovers: AtomicU64,
     /// How busy the CPUs are, for the router (sampled from timed calls).
     load: LoadSampler,
+    /// The kernel threads' CPU time against the callers' in module calls.
+    kernel: KernelSampler,
+    /// The callers' CPU time in module calls so far, ns (what the kernel threads'
+    /// time is weighed against).
+    module_cpu_ns: AtomicU64,
 }
 
 /// Starts the router from the calibration store, where one exists for this machine:
@@ -361,13 +366,20 @@ impl Router {
             module_counter: Counter::default(),
             failovers: AtomicU64::new(0),
             load: LoadSampler::default(),
+            kernel: KernelSampler::default(),
+            module_cpu_ns: AtomicU64::new(0),
         }
     }
 
-    /// Tells the router how busy the CPUs are, when a sampling period has passed.
+    /// Tells the router how busy the CPUs are, when a sampling period has passed, and
+    /// (less often) how much CPU the kernel's threads spend for module calls.
     fn sample_load(&self, now: Instant) {
         if let Some(busy) = self.load.sample(now) {
             self.calls.set_busy(busy);
+            let caller_ns = self.module_cpu_ns.load(Ordering::Relaxed);
+            if let Some(share) = self.kernel.sample(now, caller_ns) {
+                self.calls.set_kernel_share(share);
+            }
         }
     }
 
@@ -447,6 +459,8 @@ impl Router {
         let cpu_ns = thread_cpu_time().saturating_sub(cpu_started).as_nanos() as u64;
         let now = Instant::now();
         let ns = now.saturating_duration_since(started).as_nanos() as u64;
+        // Every module call, cold ones too, makes kernel threads work.
+        self.module_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
         self.sample_load(now);
         match result {
             Ok(cold) => {
@@ -493,8 +507,9 @@ impl Router {
     /// choices (written after the summary when `HETCRYPT_PROVIDER_TRACE` is set).
     pub fn trace(&self) -> String {
         let busy = format!(
-            "  CPUs busy {:.1}% (last sample)\n",
-            f64::from(self.calls.busy()) / 10.0
+            "  CPUs busy {:.1}% (last sample); kernel threads {:.2} ns per ns of the callers' CPU in module calls\n",
+            f64::from(self.calls.busy()) / 10.0,
+            f64::from(self.calls.kernel_share()) / f64::from(KERNEL_SHARE_UNIT)
         );
         let sites =
             self.calls
