@@ -80,10 +80,17 @@ impl LoadSampler {
     }
 }
 
-/// How often the kernel's threads are read at most: each read opens one file per
-/// kernel thread (~60 in the testbed guest, hundreds on a big host), so half a second
-/// keeps it well under 1% of a CPU while following a change of load within seconds.
+/// How often the kernel's threads are read at most: half a second follows a change
+/// of load within seconds; each read opens one file per kernel thread still watched
+/// (see [`DROP_AFTER`]).
 pub const KERNEL_PERIOD: Duration = Duration::from_millis(500);
+
+/// A kernel thread that did not run in this many windows with module calls in a row
+/// is no longer read (until the list is rebuilt): it does no work for the module.
+/// Reading every kernel thread costs too much under emulation (0.3-0.6 ms a file in
+/// the soft guest on a loaded host, ~40 kernel threads: 2-5% of its CPU every 0.5 s);
+/// the few that run while the module does (its request thread, RCU, softirqs) stay.
+pub const DROP_AFTER: u8 = 4;
 
 /// How often the list of kernel threads is rebuilt from `/proc` (every process's
 /// `stat`): kernel threads come and go rarely (a driver's request thread lives as long
@@ -144,8 +151,8 @@ fn average(old: Option<u64>, new: u64) -> u64 {
 /// What the kernel's threads did between two reads.
 #[derive(Default)]
 struct KernelState {
-    /// The kernel threads' pids and the run time each had at the last read.
-    threads: Vec<(u32, u64)>,
+    /// The kernel threads watched, with the run time each had at the last read.
+    threads: Vec<Watched>,
     /// When the list was built.
     found: Option<Instant>,
     /// The last read: when, and the callers' CPU time in module calls until then.
@@ -168,26 +175,46 @@ pub struct KernelSampler {
     state: Mutex<KernelState>,
 }
 
-/// Reads `/proc/PID/schedstat` of each listed thread: their summed run time since the
-/// previous read (threads gone since count nothing), keeping each new reading.
-fn read_threads(threads: &mut Vec<(u32, u64)>) -> u64 {
+/// One kernel thread watched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Watched {
+    pid: u32,
+    /// Its run time at the last read, ns.
+    ns: u64,
+    /// Windows with module calls in a row in which it did not run.
+    idle: u8,
+}
+
+/// Takes each watched thread's new run time from `read` (`None`: it is gone): their
+/// summed run time since the previous read. In a window with module calls
+/// (`module_ran`), a thread that did not run counts one more idle window and goes after
+/// [`DROP_AFTER`] in a row.
+fn advance(threads: &mut Vec<Watched>, module_ran: bool, read: impl Fn(u32) -> Option<u64>) -> u64 {
     let mut grown = 0;
-    threads.retain_mut(|(pid, ns)| {
-        let Some(now) = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-            .ok()
-            .and_then(|s| run_ns(&s))
-        else {
+    threads.retain_mut(|t| {
+        let Some(now) = read(t.pid) else {
             return false;
         };
-        grown += now.saturating_sub(*ns);
-        *ns = now;
-        true
+        let ran = now.saturating_sub(t.ns);
+        grown += ran;
+        t.ns = now;
+        if ran > 0 {
+            t.idle = 0;
+        } else if module_ran {
+            t.idle += 1;
+        }
+        t.idle < DROP_AFTER
     });
     grown
 }
 
+/// A thread's run time from `/proc/PID/schedstat`.
+fn read_run_ns(pid: u32) -> Option<u64> {
+    run_ns(&std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?)
+}
+
 /// The kernel threads now, with their run times.
-fn find_threads() -> Vec<(u32, u64)> {
+fn find_threads() -> Vec<Watched> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -196,8 +223,11 @@ fn find_threads() -> Vec<(u32, u64)> {
             std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| is_kernel_thread(&s))
         })
         .filter_map(|pid| {
-            let ns = run_ns(&std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?)?;
-            Some((pid, ns))
+            Some(Watched {
+                pid,
+                ns: read_run_ns(pid)?,
+                idle: 0,
+            })
         })
         .collect()
 }
@@ -227,9 +257,9 @@ impl KernelSampler {
             st.found = Some(now);
             return None;
         };
-        let kernel_ns = read_threads(&mut st.threads);
-        let wall_ns = now.saturating_duration_since(at).as_nanos() as u64;
         let caller = caller_ns.saturating_sub(caller_before);
+        let kernel_ns = advance(&mut st.threads, caller > 0, read_run_ns);
+        let wall_ns = now.saturating_duration_since(at).as_nanos() as u64;
         match share_of(kernel_ns, wall_ns, st.baseline.unwrap_or(0), caller) {
             None => {
                 let rate = kernel_ns.saturating_mul(u64::from(KERNEL_SHARE_UNIT)) / wall_ns.max(1);
@@ -374,5 +404,61 @@ mod tests {
         if std::path::Path::new("/proc/self/schedstat").exists() {
             assert!(k.state.lock().unwrap().baseline.is_some());
         }
+    }
+
+    /// Threads that run while the module does stay watched; one that stays still
+    /// through DROP_AFTER windows with module calls goes, and windows without module
+    /// calls do not count against it; a thread that is gone goes at once.
+    #[test]
+    fn only_threads_that_run_while_the_module_does_stay_watched() {
+        let w = |pid, ns| Watched { pid, ns, idle: 0 };
+        let mut threads = vec![w(1, 100), w(2, 500), w(3, 7)];
+        // Thread 1 runs 50 ns a window, thread 2 never, thread 3 is gone.
+        let mut clock = 100;
+        let mut window = |threads: &mut Vec<Watched>, module_ran| {
+            clock += 50;
+            let now = clock;
+            advance(threads, module_ran, |pid| match pid {
+                1 => Some(now),
+                2 => Some(500),
+                _ => None,
+            })
+        };
+        assert_eq!(window(&mut threads, true), 50);
+        assert_eq!(
+            threads,
+            [
+                w(1, 150),
+                Watched {
+                    pid: 2,
+                    ns: 500,
+                    idle: 1
+                }
+            ]
+        );
+        // Windows without module calls: thread 2 is not held against.
+        for _ in 0..10 {
+            assert_eq!(window(&mut threads, false), 50);
+        }
+        assert_eq!(threads.len(), 2);
+        for _ in 1..DROP_AFTER {
+            window(&mut threads, true);
+        }
+        assert_eq!(threads.iter().map(|t| t.pid).collect::<Vec<_>>(), [1]);
+        // A thread that runs again starts its count afresh.
+        let mut t = vec![Watched {
+            pid: 9,
+            ns: 0,
+            idle: DROP_AFTER - 1,
+        }];
+        assert_eq!(advance(&mut t, true, |_| Some(3)), 3);
+        assert_eq!(
+            t,
+            [Watched {
+                pid: 9,
+                ns: 3,
+                idle: 0
+            }]
+        );
     }
 }
