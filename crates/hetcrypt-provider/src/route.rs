@@ -506,10 +506,16 @@ impl Router {
     /// What the router measured, one line per call site: the evidence behind its
     /// choices (written after the summary when `HETCRYPT_PROVIDER_TRACE` is set).
     pub fn trace(&self) -> String {
+        let kernel = match self.calls.kernel_share() {
+            Some(share) => format!(
+                "{:.2} ns per ns of the callers' CPU in module calls",
+                f64::from(share) / f64::from(KERNEL_SHARE_UNIT)
+            ),
+            None => "not measured (wall time decides)".into(),
+        };
         let busy = format!(
-            "  CPUs busy {:.1}% (last sample); kernel threads {:.2} ns per ns of the callers' CPU in module calls\n",
-            f64::from(self.calls.busy()) / 10.0,
-            f64::from(self.calls.kernel_share()) / f64::from(KERNEL_SHARE_UNIT)
+            "  CPUs busy {:.1}% (last sample); kernel threads {kernel}\n",
+            f64::from(self.calls.busy()) / 10.0
         );
         let sites =
             self.calls

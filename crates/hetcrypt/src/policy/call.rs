@@ -122,6 +122,11 @@ pub const KERNEL_SHARE_UNIT: u32 = 1000;
 /// with a few module calls and some unrelated kernel work can report an absurd share;
 /// beyond this the module is dear at every size anyway.
 const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
+/// The kernel share before any is reported: not known, so no load credit (a module
+/// call counts its wall time however busy the CPUs). The kernel's work for a module
+/// call can fill its whole wait (the soft guest at 1 KiB); until the caller has
+/// measured it, freed CPU is not assumed.
+const SHARE_UNKNOWN: u32 = u32::MAX;
 
 thread_local! {
     /// Per-thread call count for sampling: no shared counter on the hot path.
@@ -158,7 +163,8 @@ pub struct CallRouter {
     /// How busy the machine's CPUs were lately, per mille ([`FULL_LOAD`]: all busy).
     busy: AtomicU32,
     /// The kernel's CPU time for module calls on other threads, per
-    /// [`KERNEL_SHARE_UNIT`] of the callers' CPU time in them (0: none reported).
+    /// [`KERNEL_SHARE_UNIT`] of the callers' CPU time in them ([`SHARE_UNKNOWN`]: none
+    /// reported yet).
     kernel_share: AtomicU32,
 }
 
@@ -212,13 +218,15 @@ impl CallRouter {
                 .map(|_| Estimate::default())
                 .collect(),
             busy: AtomicU32::new(0),
-            kernel_share: AtomicU32::new(0),
+            kernel_share: AtomicU32::new(SHARE_UNKNOWN),
         }
     }
 
-    /// The kernel share as last reported (per [`KERNEL_SHARE_UNIT`]).
-    pub fn kernel_share(&self) -> u32 {
-        self.kernel_share.load(Ordering::Relaxed)
+    /// The kernel share as last reported (per [`KERNEL_SHARE_UNIT`]); `None` before
+    /// any report.
+    pub fn kernel_share(&self) -> Option<u32> {
+        let share = self.kernel_share.load(Ordering::Relaxed);
+        (share != SHARE_UNKNOWN).then_some(share)
     }
 
     /// Reports how much CPU time the kernel spent on other threads for module calls
@@ -247,13 +255,15 @@ impl CallRouter {
     /// caller's CPU time plus the kernel's on other threads ([`Self::set_kernel_share`]);
     /// where that is below the wall time the call frees CPU for others, but counts at
     /// least 1/[`MAX_LOAD_CREDIT`] of its wall time; where it is above (the kernel's
-    /// work fills the wait and more), a busy machine pays it all.
+    /// work fills the wait and more), a busy machine pays it all. Before the kernel's
+    /// share is reported, or where the caller's CPU time is not, wall time decides.
     fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
         let cpu = e.module_cpu.load(Ordering::Relaxed);
-        if wall == 0 || cpu == 0 {
+        let share = self.kernel_share.load(Ordering::Relaxed);
+        if wall == 0 || cpu == 0 || share == SHARE_UNKNOWN {
             return wall;
         }
-        let share = u64::from(self.kernel_share.load(Ordering::Relaxed));
+        let share = u64::from(share);
         let whole = cpu.saturating_add(cpu.saturating_mul(share) / u64::from(KERNEL_SHARE_UNIT));
         let busy = u64::from(self.busy.load(Ordering::Relaxed));
         let full = u64::from(FULL_LOAD);
@@ -433,6 +443,8 @@ mod tests {
     #[test]
     fn a_busy_machine_counts_a_module_call_by_the_cpu_it_takes() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        // The kernel does no work for it on other threads.
+        r.set_kernel_share(0);
         r.observe_cpu(site(16384), 1_900_000);
         r.observe_module(site(16384), 2_000_000);
         r.observe_module_cpu(site(16384), 200_000);
@@ -464,6 +476,7 @@ mod tests {
     #[test]
     fn load_helps_the_module_only_by_the_cpu_it_frees() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(0);
         r.set_busy(FULL_LOAD);
         r.observe_cpu(site(256), 1_000);
         r.observe_module(site(256), 17_000);
@@ -501,13 +514,17 @@ mod tests {
         r.observe_cpu(site(1024), 300_000);
         r.observe_module(site(1024), 465_000);
         r.observe_module_cpu(site(1024), 200_000);
+        let checks = 1024 / MIN_GAP as u32 * BURST;
+        // Before the kernel's share is known, wall time decides: in-line.
+        assert_eq!(r.kernel_share(), None);
+        assert!(module_share(&r, 1024, 1024) <= checks);
+        r.set_kernel_share(0);
         assert!(
             module_share(&r, 1024, 1024) >= 1024 - 1024 / MIN_GAP as u32,
             "the caller's CPU alone makes the module cheaper"
         );
         r.set_kernel_share(1300);
-        assert_eq!(r.kernel_share(), 1300);
-        let checks = 1024 / MIN_GAP as u32 * BURST;
+        assert_eq!(r.kernel_share(), Some(1300));
         let share = module_share(&r, 1024, 1024);
         assert!(share <= checks, "{share} of 1024 went to the module");
         // Kernel work beyond the wait costs more than the wall time on a busy
@@ -569,7 +586,7 @@ mod tests {
     fn the_kernel_share_is_clamped() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
         r.set_kernel_share(u32::MAX);
-        assert_eq!(r.kernel_share(), MAX_KERNEL_SHARE);
+        assert_eq!(r.kernel_share(), Some(MAX_KERNEL_SHARE));
         r.set_busy(FULL_LOAD);
         r.observe_cpu(site(1024), 1_000_000);
         r.observe_module(site(1024), 1_000);
