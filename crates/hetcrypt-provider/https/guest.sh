@@ -25,6 +25,7 @@ MODES=${MODES:-keepalive close}
 DURATION=${DURATION:-5}
 CONNS=${CONNS:-4}
 PERF=${PERF:-1}
+CPUSTAT=${CPUSTAT:-0}
 BIN=/opt/hetcrypt/bin
 W=/tmp/https
 PORT=8443
@@ -84,6 +85,7 @@ user root;
 worker_processes 1;
 pid $W/nginx.pid;
 error_log $W/logs/error.log warn;
+env HETCRYPT_PROVIDER_TRACE;
 events { worker_connections 256; }
 http {
     access_log off;
@@ -108,6 +110,19 @@ http {
 CONF
 }
 
+# CPUSTAT=1: where the guest's CPU time went during each wrk run: the all-CPU line of
+# /proc/stat (ticks) and each process's user+system ticks (the top ones printed).
+cpu_snapshot() { # file
+	head -n 1 /proc/stat >"$1"
+	for d in /proc/[0-9]*; do cat "$d/stat" 2>/dev/null; done |
+		awk '{ o = index($0, "("); c = 0; for (i = length($0); i > o; i--) if (substr($0, i, 1) == ")") { c = i; break }
+			comm = substr($0, o + 1, c - o - 1); gsub(/ /, "_", comm); split(substr($0, c + 2), f, " ")
+			print substr($0, 1, o - 2), comm, f[12] + f[13] }' >>"$1"
+}
+cpu_report() { # before after key
+	awk -v k="$3" 'FNR == 1 { if (NR == 1) for (i = 2; i <= 8; i++) a[i] = $i; else { s = "CPUSTAT " k; split("user nice system idle iowait irq softirq", n, " "); for (i = 2; i <= 8; i++) s = s " " n[i-1] "=" ($i - a[i]); print s } next }
+		NR == FNR { t[$1] = $3; next } { d = $3 - t[$1]; if (d > 0) print "CPUPROC " k, $1, $2, d }' "$1" "$2" | sort -k8,8nr | awk '/^CPUSTAT/ || n++ < 10'
+}
 for cfg in $CONFIGS; do
 	cnf "$cfg" >"$W/openssl-$cfg.cnf"
 	for suite in $SUITES; do
@@ -128,6 +143,7 @@ for cfg in $CONFIGS; do
 			for mode in $MODES; do
 				hdr=""
 				[ "$mode" = close ] && hdr="Connection: close"
+				[ "$CPUSTAT" = 1 ] && cpu_snapshot "$W/cpu.before"
 				if [ "$PERF" = 1 ]; then
 					perf record -q -F 499 -e cpu-clock -a -o "$W/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
 					perf_pid=$!
@@ -138,6 +154,10 @@ for cfg in $CONFIGS; do
 					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
 				fi
 				[ "$PERF" = 1 ] && wait "$perf_pid"
+				if [ "$CPUSTAT" = 1 ]; then
+					cpu_snapshot "$W/cpu.after"
+					cpu_report "$W/cpu.before" "$W/cpu.after" "$cfg $suite $size $mode"
+				fi
 				awk -v cfg="$cfg" -v suite="$suite" -v size="$size" -v mode="$mode" '
 					function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
 					function bytes(v) { n = v + 0; if (v ~ /KB$/) n *= 1024; if (v ~ /MB$/) n *= 1048576; if (v ~ /GB$/) n *= 1073741824; return n }

@@ -10,7 +10,6 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
 
 use hetcrypt::{KeyId, Mode};
 use openssl_provider_forge::bindings::{
@@ -26,7 +25,7 @@ use zeroize::Zeroizing;
 use crate::core::Reason;
 use crate::inner::{InnerCipher, OFFERED};
 use crate::params;
-use crate::route::{Dest, LocalCounts};
+use crate::route::{Dest, LocalCounts, Started};
 use crate::Provider;
 
 /// AES block size.
@@ -509,7 +508,7 @@ unsafe extern "C" fn update(
                 Err(t) => timed = t,
             }
         }
-        let started = timed.then(Instant::now);
+        let started = timed.then(Started::now);
         // SAFETY: OpenSSL's arguments, passed on to the inner context.
         let ok = unsafe { (c.inner_update)(c.inner, out, outl, outsize, in_, inl) };
         if ok != 1 {

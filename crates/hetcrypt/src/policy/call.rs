@@ -6,12 +6,16 @@
 //! the cheaper one takes the call. The in-line path never waits, so the router only
 //! ever makes a call wait for a module lane when the module is far cheaper.
 //!
-//! A module call costs its caller wall time but little CPU: while it waits, the CPU
+//! A module call costs its caller wall time but only some CPU: while it waits, the CPU
 //! runs other work (seed 004's point). So when the machine's CPUs are busy (the caller
-//! reports how busy, [`CallRouter::set_busy`]), the module's cost counts as its CPU
-//! time in proportion: at full load a module call that is a little slower than an
+//! reports how busy, [`CallRouter::set_busy`]), the module's cost counts as the CPU it
+//! takes in proportion: at full load a module call that is a little slower than an
 //! in-line one still wins, because the CPU it leaves to others is what limits the
-//! machine; on an idle machine wall time decides, as it did before.
+//! machine; on an idle machine wall time decides, as it did before. The CPU a module
+//! call takes is its caller's CPU time *and* the kernel's work for it on other
+//! threads (a driver's request thread, the device's emulation), which the caller
+//! reports as a share of its own ([`CallRouter::set_kernel_share`]): where that work
+//! fills the whole wait (the testbed guest's one vCPU at 1 KiB), no CPU is freed.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -110,6 +114,19 @@ pub const FULL_LOAD: u32 = 1000;
 /// another (a single nginx worker) waits for each in turn, so a module several times
 /// slower than in-line must not win just because the CPU it leaves is busy.
 const MAX_LOAD_CREDIT: u64 = 2;
+/// [`CallRouter::set_kernel_share`]'s unit: the kernel's CPU time for module calls on
+/// threads other than the caller's, per this much of the callers' own CPU time in them
+/// (per mille: 1300 means 1.3 ns of kernel-thread time per ns of the caller's).
+pub const KERNEL_SHARE_UNIT: u32 = 1000;
+/// The largest kernel share taken as reported (64x the caller's CPU time): a window
+/// with a few module calls and some unrelated kernel work can report an absurd share;
+/// beyond this the module is dear at every size anyway.
+const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
+/// The kernel share before any is reported: not known, so no load credit (a module
+/// call counts its wall time however busy the CPUs). The kernel's work for a module
+/// call can fill its whole wait (the soft guest at 1 KiB); until the caller has
+/// measured it, freed CPU is not assumed.
+const SHARE_UNKNOWN: u32 = u32::MAX;
 
 thread_local! {
     /// Per-thread call count for sampling: no shared counter on the hot path.
@@ -145,6 +162,10 @@ pub struct CallRouter {
     estimates: Vec<Estimate>,
     /// How busy the machine's CPUs were lately, per mille ([`FULL_LOAD`]: all busy).
     busy: AtomicU32,
+    /// The kernel's CPU time for module calls on other threads, per
+    /// [`KERNEL_SHARE_UNIT`] of the callers' CPU time in them ([`SHARE_UNKNOWN`]: none
+    /// reported yet).
+    kernel_share: AtomicU32,
 }
 
 /// Calls between checks of the engine a site does not prefer (a power of two, so the
@@ -197,7 +218,24 @@ impl CallRouter {
                 .map(|_| Estimate::default())
                 .collect(),
             busy: AtomicU32::new(0),
+            kernel_share: AtomicU32::new(SHARE_UNKNOWN),
         }
+    }
+
+    /// The kernel share as last reported (per [`KERNEL_SHARE_UNIT`]); `None` before
+    /// any report.
+    pub fn kernel_share(&self) -> Option<u32> {
+        let share = self.kernel_share.load(Ordering::Relaxed);
+        (share != SHARE_UNKNOWN).then_some(share)
+    }
+
+    /// Reports how much CPU time the kernel spent on other threads for module calls
+    /// lately, per [`KERNEL_SHARE_UNIT`] of the CPU time their callers spent in them
+    /// (clamped to 64 units): a module call's whole CPU cost is its caller's CPU
+    /// time times `1 + share / KERNEL_SHARE_UNIT`.
+    pub fn set_kernel_share(&self, per_unit: u32) {
+        self.kernel_share
+            .store(per_unit.min(MAX_KERNEL_SHARE), Ordering::Relaxed);
     }
 
     /// How busy the machine's CPUs were, as last reported (per mille).
@@ -213,18 +251,29 @@ impl CallRouter {
     }
 
     /// What a module call at `e` costs the machine: its wall time on an idle machine,
-    /// falling towards the caller's CPU time per call as the CPUs get busy, but not
-    /// below 1/[`MAX_LOAD_CREDIT`] of the wall time.
+    /// moving towards the CPU it takes as the CPUs get busy. The CPU it takes is the
+    /// caller's CPU time plus the kernel's on other threads ([`Self::set_kernel_share`]);
+    /// where that is below the wall time the call frees CPU for others, but counts at
+    /// least 1/[`MAX_LOAD_CREDIT`] of its wall time; where it is above (the kernel's
+    /// work fills the wait and more), a busy machine pays it all. Before the kernel's
+    /// share is reported, or where the caller's CPU time is not, wall time decides.
     fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
         let cpu = e.module_cpu.load(Ordering::Relaxed);
-        if wall == 0 || cpu == 0 {
+        let share = self.kernel_share.load(Ordering::Relaxed);
+        if wall == 0 || cpu == 0 || share == SHARE_UNKNOWN {
             return wall;
         }
-        let freed = wall.saturating_sub(cpu);
+        let share = u64::from(share);
+        let whole = cpu.saturating_add(cpu.saturating_mul(share) / u64::from(KERNEL_SHARE_UNIT));
         let busy = u64::from(self.busy.load(Ordering::Relaxed));
-        (wall - freed * busy / u64::from(FULL_LOAD))
-            .max(wall / MAX_LOAD_CREDIT)
-            .max(1)
+        let full = u64::from(FULL_LOAD);
+        if whole >= wall {
+            wall.saturating_add((whole - wall).saturating_mul(busy) / full)
+        } else {
+            (wall - (wall - whole) * busy / full)
+                .max(wall / MAX_LOAD_CREDIT)
+                .max(1)
+        }
     }
 
     /// The mode.
@@ -394,6 +443,8 @@ mod tests {
     #[test]
     fn a_busy_machine_counts_a_module_call_by_the_cpu_it_takes() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        // The kernel does no work for it on other threads.
+        r.set_kernel_share(0);
         r.observe_cpu(site(16384), 1_900_000);
         r.observe_module(site(16384), 2_000_000);
         r.observe_module_cpu(site(16384), 200_000);
@@ -425,6 +476,7 @@ mod tests {
     #[test]
     fn load_helps_the_module_only_by_the_cpu_it_frees() {
         let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(0);
         r.set_busy(FULL_LOAD);
         r.observe_cpu(site(256), 1_000);
         r.observe_module(site(256), 17_000);
@@ -447,6 +499,100 @@ mod tests {
         assert!(module_share(&r, 4096, 1024) <= 1024 / 8);
         r.observe_module_cpu(site(16384), 1_950_000);
         assert!(module_share(&r, 16384, 1024) <= checks);
+    }
+
+    /// The soft guest's 1 KiB TLS records: 0.3 ms in-line; on the module 0.465 ms of
+    /// wall time, 0.2 ms of it the caller's CPU. Counted by the caller's CPU alone a
+    /// busy machine sends them to the module (0.23 ms, half the wall time); but the
+    /// kernel spends 1.3 ns on its own threads (crypto_engine's, the device's
+    /// emulation) per ns of the caller's, so a call takes 0.46 ms of CPU, nearly its
+    /// whole wall time, and frees nothing: the calls stay in-line.
+    #[test]
+    fn a_module_call_whose_whole_cpu_cost_exceeds_in_line_stays_in_line() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_busy(FULL_LOAD);
+        r.observe_cpu(site(1024), 300_000);
+        r.observe_module(site(1024), 465_000);
+        r.observe_module_cpu(site(1024), 200_000);
+        let checks = 1024 / MIN_GAP as u32 * BURST;
+        // Before the kernel's share is known, wall time decides: in-line.
+        assert_eq!(r.kernel_share(), None);
+        assert!(module_share(&r, 1024, 1024) <= checks);
+        r.set_kernel_share(0);
+        assert!(
+            module_share(&r, 1024, 1024) >= 1024 - 1024 / MIN_GAP as u32,
+            "the caller's CPU alone makes the module cheaper"
+        );
+        r.set_kernel_share(1300);
+        assert_eq!(r.kernel_share(), Some(1300));
+        let share = module_share(&r, 1024, 1024);
+        assert!(share <= checks, "{share} of 1024 went to the module");
+        // Kernel work beyond the wait costs more than the wall time on a busy
+        // machine: 3 ms of CPU against 1 ms of wall time loses to 2 ms in-line.
+        r.observe_cpu(site(4096), 2_000_000);
+        r.observe_module(site(4096), 1_000_000);
+        r.observe_module_cpu(site(4096), 1_000_000);
+        r.set_kernel_share(2000);
+        assert!(module_share(&r, 4096, 1024) <= checks);
+    }
+
+    /// 16 KiB records: 1.85 ms in-line, 1.0 ms on the module of which 0.6 ms the
+    /// caller's CPU; with the kernel's 1.3 ns per ns a call takes 1.38 ms of CPU, more
+    /// than its wall time, and still well below in-line: the module keeps them, busy
+    /// machine or idle.
+    #[test]
+    fn large_records_stay_on_the_module_when_the_kernel_work_is_counted() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(1300);
+        r.observe_cpu(site(16384), 1_850_000);
+        r.observe_module(site(16384), 1_000_000);
+        r.observe_module_cpu(site(16384), 600_000);
+        for busy in [0, FULL_LOAD / 2, FULL_LOAD] {
+            r.set_busy(busy);
+            let share = module_share(&r, 16384, 1024);
+            assert!(
+                share >= 1024 - 1024 / MIN_GAP as u32,
+                "busy {busy}: {share} of 1024"
+            );
+        }
+    }
+
+    /// On an idle machine wall time decides, whatever the kernel's share: the CPU the
+    /// kernel takes is spare there. As the CPUs fill up the cost moves to the whole
+    /// CPU time, in proportion.
+    #[test]
+    fn the_kernel_share_counts_in_proportion_to_the_load() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        // 0.5 ms in-line; 0.465 ms on the module, 0.2 ms the caller's, 5 ns of the
+        // kernel's per ns: 1.2 ms of CPU a call.
+        r.set_kernel_share(5000);
+        r.observe_cpu(site(2048), 500_000);
+        r.observe_module(site(2048), 465_000);
+        r.observe_module_cpu(site(2048), 200_000);
+        let checks = 1024 / MIN_GAP as u32 * BURST;
+        r.set_busy(0);
+        assert!(module_share(&r, 2048, 1024) >= 1024 - 1024 / MIN_GAP as u32);
+        // 5% busy: 465 + 0.05 * 735 = 502 us > 500 us.
+        r.set_busy(FULL_LOAD / 20);
+        assert!(module_share(&r, 2048, 1024) <= checks);
+        // Without the kernel's share the same load leaves the module cheaper.
+        r.set_kernel_share(0);
+        assert!(module_share(&r, 2048, 1024) >= 1024 - 1024 / MIN_GAP as u32);
+    }
+
+    /// A report of the kernel share is clamped (a window with few module calls and
+    /// unrelated kernel work can report any share).
+    #[test]
+    fn the_kernel_share_is_clamped() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(u32::MAX);
+        assert_eq!(r.kernel_share(), Some(MAX_KERNEL_SHARE));
+        r.set_busy(FULL_LOAD);
+        r.observe_cpu(site(1024), 1_000_000);
+        r.observe_module(site(1024), 1_000);
+        r.observe_module_cpu(site(1024), u64::MAX / 2);
+        // No overflow: the cost saturates and the calls stay in-line.
+        assert!(module_share(&r, 1024, 1024) <= 1024 / MIN_GAP as u32 * BURST);
     }
 
     /// Where the module is only a little cheaper, a check of the in-line cost costs
