@@ -213,15 +213,47 @@ fn read_run_ns(pid: u32) -> Option<u64> {
     run_ns(&std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?)
 }
 
-/// The kernel threads now, with their run times.
-fn find_threads() -> Vec<Watched> {
+/// kthreadd, the parent of every kernel thread, where the process sees the host's PIDs.
+const KTHREADD: u32 = 2;
+
+/// The pids listed in a `/proc/PID/task/TID/children` file.
+fn parse_pids(list: &str) -> Vec<u32> {
+    list.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Whether `pid` is a kernel thread, by its `/proc/PID/stat`.
+fn is_kernel_pid(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| is_kernel_thread(&s))
+}
+
+/// The kernel threads' pids: kthreadd's children where kthreadd is pid 2 and the
+/// kernel lists children (`CONFIG_PROC_CHILDREN`), which reads two files instead of
+/// every process's `stat` (a stall of tens of ms on the calling thread on a host with
+/// thousands of processes); else every pid whose `stat` says kernel thread.
+fn kernel_pids() -> Vec<u32> {
+    if is_kernel_pid(KTHREADD) {
+        let children = format!("/proc/{KTHREADD}/task/{KTHREADD}/children");
+        if let Ok(list) = std::fs::read_to_string(children) {
+            let pids = parse_pids(&list);
+            if !pids.is_empty() {
+                return pids;
+            }
+        }
+    }
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| is_kernel_thread(&s))
-        })
+        .filter(|&pid| is_kernel_pid(pid))
+        .collect()
+}
+
+/// The kernel threads now, with their run times.
+fn find_threads() -> Vec<Watched> {
+    kernel_pids()
+        .into_iter()
         .filter_map(|pid| {
             Some(Watched {
                 pid,
@@ -343,6 +375,26 @@ mod tests {
         assert!(!is_kernel_thread("7 (a 2097152) S 2 0 0 0 -1 64 0"));
         assert!(!is_kernel_thread("no parenthesis"));
         assert!(!is_kernel_thread("8 (short) S 2"));
+    }
+
+    #[test]
+    fn children_lists_parse_and_kernel_threads_are_found_where_proc_shows_them() {
+        assert_eq!(parse_pids("3 4 17 \n"), vec![3, 4, 17]);
+        assert_eq!(parse_pids(""), Vec::<u32>::new());
+        // Where this process sees the host's kthreadd, every pid found is a kernel
+        // thread (whichever way they were found) and this process is not among them.
+        if is_kernel_pid(KTHREADD) {
+            let pids = kernel_pids();
+            assert!(!pids.is_empty());
+            assert!(!pids.contains(&std::process::id()));
+            // A kworker may exit between the listing and the check: only a pid that
+            // still exists may fail it.
+            let exists = |p: u32| std::path::Path::new(&format!("/proc/{p}")).exists();
+            assert!(
+                pids.iter().all(|&p| is_kernel_pid(p) || !exists(p)),
+                "{pids:?}"
+            );
+        }
     }
 
     #[test]
