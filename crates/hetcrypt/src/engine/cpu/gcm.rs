@@ -80,8 +80,12 @@ impl Drop for GcmKey {
     }
 }
 
-/// `ring`'s algorithm for `cipher`, where it has one.
-pub(crate) fn algorithm(cipher: Cipher) -> Option<&'static aead::Algorithm> {
+/// The AES key sizes `ring` serves for GCM (it has no AES-192): the GCM classes the
+/// implementation probe measures (`select.rs`). [`algorithm`] maps each to `ring`'s.
+pub(crate) const KEY_SIZES: [KeySize; 2] = [KeySize::Aes128, KeySize::Aes256];
+
+/// `ring`'s algorithm for `cipher`, where it has one (GCM at one of [`KEY_SIZES`]).
+fn algorithm(cipher: Cipher) -> Option<&'static aead::Algorithm> {
     match (cipher.mode, cipher.key_size) {
         (crate::cipher::Mode::Gcm, KeySize::Aes128) => Some(&aead::AES_128_GCM),
         (crate::cipher::Mode::Gcm, KeySize::Aes256) => Some(&aead::AES_256_GCM),
@@ -195,6 +199,11 @@ mod tests {
             }
         }
         assert!(GcmKey::new(Cipher::AES_192_GCM, &[0; 24]).is_none());
+        // KEY_SIZES (what the probe measures) and algorithm (what runs) agree.
+        for size in KeySize::ALL {
+            let gcm = Cipher::new(size, crate::cipher::Mode::Gcm);
+            assert_eq!(algorithm(gcm).is_some(), KEY_SIZES.contains(&size), "{gcm}");
+        }
         assert!(GcmKey::new(Cipher::AES_128_CTR, &[0; 16]).is_none());
         assert!(matches!(
             GcmKey::new(Cipher::AES_128_GCM, &[0; 15]),

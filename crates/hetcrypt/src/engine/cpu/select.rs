@@ -21,6 +21,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+// GCM's key sizes with a second implementation: `ring`'s, kept in `gcm.rs`.
+use super::gcm::KEY_SIZES as GCM_KEY_SIZES;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
 use crate::job::{Job, JobOutput};
 use crate::key::{Key, KeyStore};
@@ -274,11 +276,8 @@ impl fmt::Display for ChainsChoice {
 
 /// The (mode, key size) classes with two implementations: CTR and CBC decryption
 /// (with or without padding: the padding is removed after the same block work) at
-/// each key size, then GCM at the two key sizes `ring` serves ([`GCM_KEY_SIZES`]).
+/// each key size, then GCM at the key sizes `ring` serves (`gcm::KEY_SIZES`).
 const CLASSES: usize = 2 * KeySize::ALL.len() + GCM_KEY_SIZES.len();
-
-/// GCM's key sizes with a second implementation (`ring` has no AES-192).
-const GCM_KEY_SIZES: [KeySize; 2] = [KeySize::Aes128, KeySize::Aes256];
 
 /// The class of a GCM cipher `ring` serves, if it is one (either direction: `ring`
 /// opens at the speed it seals, so encryption's measurement decides both).
