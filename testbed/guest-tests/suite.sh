@@ -1,7 +1,10 @@
 #!/bin/sh
-# suite.sh TEST_BINARY... (in the testbed guest, run by testbed/ci)
+# suite.sh [NAME=VALUE | TEST_BINARY]... (in the testbed guest, run by testbed/ci)
 # Runs each Rust test binary (found on PATH) one test at a time, then prints one
-# summary line per binary and "N passed, N failed". Exit status: 0 only if every
+# summary line per binary and "N passed, N failed". A NAME=VALUE argument is exported
+# for the binaries after it (NAME= unsets it), and their summary lines show it: so
+# `HETCRYPT_TEST_DEVICE_ENGINE=devcrypto kat` runs the known answers with that engine
+# forced. Exit status: 0 only if every
 # binary passed. Test output is not captured (--nocapture), so the tests' notes
 # (drivers, shares, timings) reach the CI log. The testbed tests are #[ignore]d so a
 # host run lists them as ignored with the reason: --include-ignored runs them here.
@@ -10,8 +13,21 @@
 passed=0
 failed=0
 summary=""
+setting=""
 for t in "$@"; do
-	name=${t%-*}
+	case $t in
+	*=)
+		unset "${t%=}"
+		setting=""
+		continue
+		;;
+	*=*)
+		export "${t?}"
+		setting=" [$t]"
+		continue
+		;;
+	esac
+	name=${t%-*}$setting
 	echo "=== $name ($(date +%T))"
 	start=$(cut -d' ' -f1 /proc/uptime)
 	out=/tmp/suite-$$.out

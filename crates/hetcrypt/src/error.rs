@@ -39,6 +39,16 @@ pub enum Error {
         /// What failed, in words.
         reason: String,
     },
+    /// The engine's device holds no more sessions (keys) just now, even after the lane
+    /// ended one of its own: other lanes or processes hold the rest. The job failed,
+    /// the engine did not (it is not quarantined); the job may be run again.
+    #[error("engine {engine} busy: {reason}")]
+    EngineBusy {
+        /// The engine's name.
+        engine: String,
+        /// What the device refused, in words.
+        reason: String,
+    },
     /// A key of the wrong length for the cipher.
     #[error("{cipher} needs a {expected}-byte key, got {got} bytes")]
     KeyLength {

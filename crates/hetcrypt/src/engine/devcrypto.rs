@@ -25,7 +25,6 @@
 
 mod cryptodev;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use block_padding::{Padding, Pkcs7};
@@ -37,6 +36,7 @@ use crate::engine::kernel::afalg::SysError;
 use crate::engine::kernel::device::{self, DeviceWatch};
 use crate::engine::kernel::proc_crypto::{self, AlgEntry};
 use crate::engine::kernel::{kernel_release, proc_entries};
+use crate::engine::sessions::{OpenError, SessionCache};
 use crate::engine::shared;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane};
 use crate::error::{Error, Result};
@@ -67,7 +67,9 @@ const ALGORITHMS: [(u32, &str, &[Mode]); 2] = [
 const REQUEST_MAX: usize = 64 * 1024;
 
 /// Sessions a lane keeps (one per key and cipher), least recently used ended first:
-/// QEMU's built-in virtio-crypto backend holds at most 256 sessions in all.
+/// QEMU's built-in virtio-crypto backend holds at most 256 device sessions in all, two
+/// per cryptodev session (one per direction), so 32 let four lanes share it
+/// ([`sessions`](super::sessions)).
 const MAX_SESSIONS_PER_LANE: usize = 32;
 
 /// A key of zeros: the probe only asks which key lengths a driver takes.
@@ -340,8 +342,7 @@ impl Engine for DevcryptoEngine {
         Ok(Box::new(DevcryptoLane {
             state: Arc::clone(&self.state),
             dev: Some(dev),
-            sessions: HashMap::new(),
-            clock: 0,
+            sessions: SessionCache::new(MAX_SESSIONS_PER_LANE),
         }))
     }
 
@@ -352,13 +353,7 @@ impl Engine for DevcryptoEngine {
     }
 }
 
-/// A cryptodev session of one key, cached by (key, cipher id, key size).
-#[derive(Debug)]
-struct Session {
-    id: u32,
-    last_used: u64,
-}
-
+/// A cryptodev session of one key is cached by (key, cipher id, key size).
 type SessionKey = (KeyId, u32, KeySize);
 
 /// One `devcrypto` lane: its own `/dev/crypto`, cached sessions, one request in flight.
@@ -366,17 +361,19 @@ struct DevcryptoLane {
     state: Arc<State>,
     /// Always `Some` until dropped (taken to be parked).
     dev: Option<DevCrypto>,
-    sessions: HashMap<SessionKey, Session>,
-    /// Counts uses, for least-recently-used eviction.
-    clock: u64,
+    /// Session ids, at most [`MAX_SESSIONS_PER_LANE`].
+    sessions: SessionCache<SessionKey, u32>,
 }
 
 /// How a failed request is classified.
+#[derive(Debug)]
 enum Failure {
     /// The job's own fault (wrong key length, bad padding).
     Job(Error),
     /// The engine's: poison it.
     Engine(String),
+    /// The device holds no more sessions: the job fails, the engine stays.
+    Busy(String),
 }
 
 impl DevcryptoLane {
@@ -394,47 +391,58 @@ impl DevcryptoLane {
         keys: &KeyStore,
     ) -> std::result::Result<u32, Failure> {
         let cache_key = (job.key, served.alg, job.cipher.key_size);
-        self.clock += 1;
-        let now = self.clock;
-        if let Some(s) = self.sessions.get_mut(&cache_key) {
-            s.last_used = now;
-            return Ok(s.id);
-        }
-        // Creating a session is a device request too: look before it as well.
-        if let Some(why) = served.watch.gone_all() {
-            return Err(Failure::Engine(why));
-        }
         let cipher = job.cipher;
-        let id = keys
-            .with_key(job.key, |key| {
+        let dev = self
+            .dev
+            .as_ref()
+            .expect("the descriptor is only taken on drop");
+        let open = || {
+            // Creating a session is a device request too: look before it as well.
+            if let Some(why) = served.watch.gone_all() {
+                return Err(OpenError::Failed(Failure::Engine(why)));
+            }
+            keys.with_key(job.key, |key| {
                 if key.len() != cipher.key_len() {
-                    return Err(Failure::Job(Error::KeyLength {
+                    return Err(OpenError::Failed(Failure::Job(Error::KeyLength {
                         cipher,
                         expected: cipher.key_len(),
                         got: key.len(),
-                    }));
+                    })));
                 }
-                self.dev()
-                    .new_session(served.alg, key.as_bytes())
-                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.algorithm)))
+                dev.new_session(served.alg, key.as_bytes())
+                    .map_err(|e| session_failure(e, served))
             })
-            .map_err(Failure::Job)??;
-        if self.sessions.len() >= MAX_SESSIONS_PER_LANE {
-            let oldest = self
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.last_used)
-                .map(|(k, s)| (*k, s.id));
-            if let Some((k, old)) = oldest {
-                self.sessions.remove(&k);
-                self.dev()
-                    .end_session(old)
-                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.algorithm)))?;
-            }
-        }
+            .map_err(|e| OpenError::Failed(Failure::Job(e)))?
+        };
+        let close = |id: u32| {
+            dev.end_session(id)
+                .map_err(|e| Failure::Engine(format!("{}: {e}", served.algorithm)))
+        };
         self.sessions
-            .insert(cache_key, Session { id, last_used: now });
-        Ok(id)
+            .get_or_open(cache_key, open, close)
+            .map(|id| *id)
+    }
+}
+
+/// How a `CIOCGSESSION` with a key of the right length failed. cryptodev reports
+/// every refused `setkey` as `EINVAL`, and the 6.1 virtio-crypto driver refuses one
+/// when the device answers a session request with an error status, which QEMU's
+/// built-in backend does when it holds its 256 sessions (seen in the testbed: the
+/// 129th key fails with `EINVAL`, the kernel logging "virtio_crypto: Create session
+/// failed status: 1"). So `EINVAL` on a device still bound means "no more sessions",
+/// worth a retry and no quarantine; on a device whose link vanished, or any other
+/// errno, the engine has failed.
+fn session_failure(e: SysError, served: &Served) -> OpenError<Failure> {
+    if let Some(why) = served.watch.gone_all() {
+        return OpenError::Failed(Failure::Engine(why));
+    }
+    let what = format!("{}: {e}", served.algorithm);
+    if e.errno == Errno::EINVAL {
+        OpenError::Exhausted(Failure::Busy(format!(
+            "{what}: the device holds no more sessions"
+        )))
+    } else {
+        OpenError::Failed(Failure::Engine(what))
     }
 }
 
@@ -459,6 +467,13 @@ impl Lane for DevcryptoLane {
                 out.data.clear();
                 Err(e)
             }
+            Err(Failure::Busy(reason)) => {
+                out.data.clear();
+                Err(Error::EngineBusy {
+                    engine: state.name.clone(),
+                    reason: format!("{reason} (driver {})", served.driver),
+                })
+            }
             Err(Failure::Engine(what)) => {
                 out.data.clear();
                 Err(state.poison(format!(
@@ -475,17 +490,9 @@ impl Lane for DevcryptoLane {
         if self.state.is_poisoned() || self.state.device_gone() {
             return true;
         }
-        let gone: Vec<SessionKey> = self
-            .sessions
-            .keys()
-            .filter(|(key, _, _)| ids.contains(key))
-            .copied()
-            .collect();
-        for k in gone {
-            if let Some(s) = self.sessions.remove(&k) {
-                // A failure to end a session leaves it to the descriptor's close.
-                let _ = self.dev().end_session(s.id);
-            }
+        for id in self.sessions.take_unless(|(key, _, _)| !ids.contains(key)) {
+            // A failure to end a session leaves it to the descriptor's close.
+            let _ = self.dev().end_session(id);
         }
         true
     }
@@ -624,6 +631,39 @@ mod tests {
             errno: Errno::EACCES,
         };
         assert!(open_failure(e).contains("permission denied"));
+    }
+
+    #[test]
+    fn einval_at_session_creation_is_a_full_device_and_other_errors_fail_the_engine() {
+        let served = Served {
+            alg: CRYPTO_AES_CBC,
+            algorithm: "cbc(aes)",
+            modes: &[Mode::Cbc],
+            key_sizes: vec![KeySize::Aes128],
+            driver: "virtio_crypto_aes_cbc".to_string(),
+            entry: None,
+            offload: true,
+            watch: DeviceWatch::default(),
+        };
+        let err = |errno| SysError {
+            call: "CIOCGSESSION",
+            errno,
+        };
+        match session_failure(err(Errno::EINVAL), &served) {
+            OpenError::Exhausted(Failure::Busy(why)) => {
+                assert!(why.contains("no more sessions"), "{why}")
+            }
+            other => panic!("EINVAL: {other:?}"),
+        }
+        for errno in [Errno::EIO, Errno::ESHUTDOWN, Errno::ENODEV] {
+            assert!(
+                matches!(
+                    session_failure(err(errno), &served),
+                    OpenError::Failed(Failure::Engine(_))
+                ),
+                "{errno}"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,6 @@ pub(crate) mod afalg;
 pub(crate) mod device;
 pub(crate) mod proc_crypto;
 
-use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::path::Path;
@@ -34,6 +33,7 @@ use self::afalg::{AlgType, Op, OpSocket, SysError, Tfm, ALG_NAME_MAX};
 use self::device::DeviceWatch;
 use self::proc_crypto::AlgEntry;
 use crate::cipher::{Cipher, Direction, KeySize, Mode, BLOCK_LEN};
+use crate::engine::sessions::{OpenError, SessionCache};
 use crate::engine::shared;
 use crate::engine::{CipherDriver, Engine, EngineInfo, EngineKind, EngineRef, Lane, RawJob};
 use crate::error::{Error, Result};
@@ -70,8 +70,9 @@ const SKCIPHER_REQUEST_MAX: usize = 16 * 4096;
 
 /// Keyed transforms a lane keeps (one per key and algorithm, two sockets each).
 /// Bounded so per-file keys cannot exhaust descriptors or the device's sessions
-/// (QEMU's built-in virtio-crypto backend holds at most 256); the least recently used
-/// is closed when full.
+/// (QEMU's built-in virtio-crypto backend holds at most 256, two per keyed transform:
+/// 32 let four lanes share it); the least recently used is closed when full, and where
+/// the device is full all the same, closed to retry once ([`sessions`](super::sessions)).
 const MAX_CONTEXTS_PER_LANE: usize = 32;
 
 /// The running kernel's release (`uname -r`), e.g. `6.1.0-56-amd64`: every report of
@@ -416,8 +417,7 @@ impl Engine for KernelEngine {
         self.state.check_poison()?;
         Ok(Box::new(KernelLane {
             state: Arc::clone(&self.state),
-            contexts: HashMap::new(),
-            clock: 0,
+            contexts: SessionCache::new(MAX_CONTEXTS_PER_LANE),
             aad_scratch: Vec::new(),
         }))
     }
@@ -437,7 +437,6 @@ struct Context {
     op: OpSocket,
     /// Most input and output bytes one request may carry on `op`.
     limits: (usize, usize),
-    last_used: u64,
 }
 
 type ContextKey = (KeyId, &'static str, KeySize);
@@ -445,20 +444,22 @@ type ContextKey = (KeyId, &'static str, KeySize);
 /// One `kernel` lane: cached keyed sockets, one request in flight at a time.
 struct KernelLane {
     state: Arc<State>,
-    contexts: HashMap<ContextKey, Context>,
-    /// Counts uses, for least-recently-used eviction.
-    clock: u64,
+    /// At most [`MAX_CONTEXTS_PER_LANE`].
+    contexts: SessionCache<ContextKey, Context>,
     /// Where the kernel writes back the AAD of a GCM request (it copies it to the
     /// output ahead of the ciphertext).
     aad_scratch: Vec<u8>,
 }
 
 /// How a failed request is classified.
+#[derive(Debug)]
 enum Failure {
     /// The job's own fault (GCM tag mismatch): the socket stays usable.
     Job(Error),
     /// The engine's: poison it.
     Engine(String),
+    /// The device holds no more sessions: the job fails, the engine stays.
+    Busy(String),
 }
 
 impl KernelLane {
@@ -471,62 +472,68 @@ impl KernelLane {
         keys: &KeyStore,
     ) -> std::result::Result<&mut Context, Failure> {
         let cache_key = (key_id, served.algorithm, cipher.key_size);
-        self.clock += 1;
-        let now = self.clock;
-        if !self.contexts.contains_key(&cache_key) {
+        let open = || {
             // Keying a transform is a device request too: look before it as well.
-            served.watch.check_all()?;
+            served.watch.check_all().map_err(OpenError::Failed)?;
+            let failed = |e: SysError| {
+                OpenError::Failed(Failure::Engine(format!("{}: {e}", served.bind_name)))
+            };
             let tfm = Tfm::bind(served.ty, &served.bind_name).map_err(|e| {
-                Failure::Engine(format!("{} {}: {e}", served.ty.as_str(), served.bind_name))
+                OpenError::Failed(Failure::Engine(format!(
+                    "{} {}: {e}",
+                    served.ty.as_str(),
+                    served.bind_name
+                )))
             })?;
             keys.with_key(key_id, |key| {
                 if key.len() != cipher.key_len() {
-                    return Err(Failure::Job(Error::KeyLength {
+                    return Err(OpenError::Failed(Failure::Job(Error::KeyLength {
                         cipher,
                         expected: cipher.key_len(),
                         got: key.len(),
-                    }));
+                    })));
                 }
                 tfm.set_key(key.as_bytes())
-                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))
+                    .map_err(|e| set_key_failure(e, served))
             })
-            .map_err(Failure::Job)??;
+            .map_err(|e| OpenError::Failed(Failure::Job(e)))??;
             if served.ty == AlgType::Aead {
-                tfm.set_aead_tag_len(TAG_LEN)
-                    .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
+                tfm.set_aead_tag_len(TAG_LEN).map_err(failed)?;
             }
-            let op = tfm
-                .accept()
-                .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
-            let limits = op
-                .limits()
-                .map_err(|e| Failure::Engine(format!("{}: {e}", served.bind_name)))?;
-            if self.contexts.len() >= MAX_CONTEXTS_PER_LANE {
-                let oldest = self
-                    .contexts
-                    .iter()
-                    .min_by_key(|(_, c)| c.last_used)
-                    .map(|(k, _)| *k);
-                if let Some(oldest) = oldest {
-                    self.contexts.remove(&oldest);
-                }
-            }
-            self.contexts.insert(
-                cache_key,
-                Context {
-                    _tfm: tfm,
-                    op,
-                    limits,
-                    last_used: now,
-                },
-            );
-        }
-        let ctx = self
-            .contexts
-            .get_mut(&cache_key)
-            .expect("inserted above when missing");
-        ctx.last_used = now;
-        Ok(ctx)
+            let op = tfm.accept().map_err(failed)?;
+            let limits = op.limits().map_err(failed)?;
+            Ok(Context {
+                _tfm: tfm,
+                op,
+                limits,
+            })
+        };
+        // Closing a context's sockets ends its device sessions.
+        self.contexts.get_or_open(cache_key, open, |ctx| {
+            drop(ctx);
+            Ok(())
+        })
+    }
+}
+
+/// How `ALG_SET_KEY` with a key of the right length failed. The 6.1 virtio-crypto
+/// driver answers `EINVAL` when the device refuses to open a session, which QEMU's
+/// built-in backend does when it holds its 256 (seen in the testbed: the 129th key
+/// fails with `EINVAL`, the kernel logging "virtio_crypto: Create session failed
+/// status: 1"). So `EINVAL` on a device still bound means "no more sessions", worth a
+/// retry and no quarantine; on a device whose link vanished, or any other errno, the
+/// engine has failed.
+fn set_key_failure(e: SysError, served: &Served) -> OpenError<Failure> {
+    if let Some(why) = served.watch.gone_all() {
+        return OpenError::Failed(Failure::Engine(why));
+    }
+    let what = format!("{}: {e}", served.bind_name);
+    if e.errno == Errno::EINVAL {
+        OpenError::Exhausted(Failure::Busy(format!(
+            "{what}: the device holds no more sessions"
+        )))
+    } else {
+        OpenError::Failed(Failure::Engine(what))
     }
 }
 
@@ -609,7 +616,7 @@ impl KernelLane {
     /// driver holds for them). A poisoned engine's sockets stay, to be parked on drop.
     fn forget(&mut self, ids: &[KeyId]) {
         if !self.state.is_poisoned() {
-            self.contexts.retain(|(key, _, _), _| !ids.contains(key));
+            drop(self.contexts.take_unless(|(key, _, _)| !ids.contains(key)));
         }
     }
 }
@@ -621,7 +628,7 @@ impl Drop for KernelLane {
             let fds = self
                 .contexts
                 .drain()
-                .flat_map(|(_, c)| [c._tfm.into_fd(), c.op.into_fd()])
+                .flat_map(|c| [c._tfm.into_fd(), c.op.into_fd()])
                 .collect();
             device::park(fds);
         }
@@ -732,6 +739,10 @@ fn settle(state: &State, served: &Served, result: std::result::Result<(), Failur
     match result {
         Ok(()) => Ok(()),
         Err(Failure::Job(e)) => Err(e),
+        Err(Failure::Busy(reason)) => Err(Error::EngineBusy {
+            engine: state.name.clone(),
+            reason,
+        }),
         // The socket that failed stays in the cache, never used again: the poison
         // flag stops every lane before it reaches the kernel.
         Err(Failure::Engine(what)) => Err(state.poison(format!(
@@ -886,6 +897,40 @@ fn run_aead(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn einval_at_set_key_is_a_full_device_and_other_errors_fail_the_engine() {
+        let served = Served {
+            algorithm: "cbc(aes)",
+            ty: AlgType::Skcipher,
+            bind_name: "virtio_crypto_aes_cbc".to_string(),
+            modes: &[Mode::Cbc],
+            key_sizes: vec![KeySize::Aes128],
+            request_limits: None,
+            entry: None,
+            offload: true,
+            watch: DeviceWatch::default(),
+        };
+        let err = |errno| SysError {
+            call: "setsockopt(ALG_SET_KEY)",
+            errno,
+        };
+        match set_key_failure(err(Errno::EINVAL), &served) {
+            OpenError::Exhausted(Failure::Busy(why)) => {
+                assert!(why.contains("no more sessions"), "{why}")
+            }
+            other => panic!("EINVAL: {other:?}"),
+        }
+        for errno in [Errno::EIO, Errno::ESHUTDOWN, Errno::ENODEV] {
+            assert!(
+                matches!(
+                    set_key_failure(err(errno), &served),
+                    OpenError::Failed(Failure::Engine(_))
+                ),
+                "{errno}"
+            );
+        }
+    }
 
     #[test]
     fn padded_input_is_split_across_body_and_tail() {

@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod devcrypto;
 pub mod fault;
 pub mod kernel;
+mod sessions;
 mod shared;
 
 use std::sync::Arc;

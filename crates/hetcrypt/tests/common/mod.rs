@@ -32,6 +32,20 @@ pub const SEED_ENV: &str = "HETCRYPT_TEST_SEED";
 /// the testbed).
 pub const SCALE_ENV: &str = "HETCRYPT_TEST_SCALE";
 
+/// Names the one device engine to test beside the `cpu` engines (`devcrypto`,
+/// `kernel`, `devcrypto:<driver>`, `kernel:<driver>`), instead of all four: the
+/// testbed's `soft` guest runs the suites once per device engine so that the engines'
+/// sessions (two per key on virtio-crypto) stay within the 256 its device holds, and
+/// each forced engine must open and be offered every suite's cases, or the suite fails.
+pub const DEVICE_ENGINE_ENV: &str = "HETCRYPT_TEST_DEVICE_ENGINE";
+
+/// The device engine [`DEVICE_ENGINE_ENV`] forces, if any.
+pub fn forced_device_engine() -> Option<String> {
+    std::env::var(DEVICE_ENGINE_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
 /// Default scale inside the testbed: the guest is emulated (no KVM), some 10-50x slower.
 pub const TESTBED_SCALE: f64 = 0.125;
 
@@ -84,8 +98,10 @@ pub fn say(line: &str) {
 /// as `SKIP` with its reason, past the runner's capture ([`say`]); in the testbed it
 /// fails the test instead, except `devcrypto:virtio_crypto_aes_cbc` in the `aesni`
 /// profile: cryptodev binds by algorithm name, and there the kernel ranks its AES-NI
-/// driver first.
+/// driver first. With [`DEVICE_ENGINE_ENV`] set, the `cpu` engines and that one
+/// device engine, which must open.
 pub fn engines() -> Vec<EngineRef> {
+    let forced = forced_device_engine();
     let [cpu, cpu_many] = cpu_engine_names();
     let mut list = vec![
         CpuEngine::with_lanes(1).named(cpu).into_engine(),
@@ -101,6 +117,9 @@ pub fn engines() -> Vec<EngineRef> {
             KernelEngine::with_driver(VIRTIO_DRIVER),
         ),
     ] {
+        if forced.as_deref().is_some_and(|f| f != name) {
+            continue;
+        }
         match opened {
             Ok(engine) => list.push(engine.into_engine()),
             Err(e) => unavailable(name, e, false),
@@ -115,10 +134,23 @@ pub fn engines() -> Vec<EngineRef> {
             !soft_profile(),
         ),
     ] {
+        if forced.as_deref().is_some_and(|f| f != name) {
+            continue;
+        }
         match opened {
             Ok(engine) => list.push(engine.into_engine()),
-            Err(e) => unavailable(name, e, may_miss),
+            Err(e) => unavailable(name, e, may_miss && forced.is_none()),
         }
+    }
+    if let Some(name) = &forced {
+        assert!(
+            list.iter().any(|e| e.name() == name) || !in_testbed(),
+            "{DEVICE_ENGINE_ENV}={name} names no device engine (kernel, kernel:{VIRTIO_DRIVER}, \
+             devcrypto, devcrypto:{VIRTIO_DRIVER})"
+        );
+        say(&format!(
+            "{DEVICE_ENGINE_ENV}={name}: the cpu engines and {name} only"
+        ));
     }
     list
 }
@@ -614,6 +646,13 @@ impl Coverage {
         for cpu in cpu_engine_names() {
             if !self.0.iter().any(|(name, n)| *name == cpu && *n > 0) {
                 failures.push(format!("{suite}: engine {cpu} ran no case"));
+            }
+        }
+        // A forced device engine must have been offered the cases (it may serve none
+        // of a suite's ciphers: `devcrypto` has no GCM).
+        if let Some(engine) = forced_device_engine().filter(|_| in_testbed()) {
+            if !self.0.iter().any(|(name, _)| *name == engine) {
+                failures.push(format!("{suite}: forced engine {engine} was not tested"));
             }
         }
     }

@@ -1,0 +1,217 @@
+//! Where one `/dev/crypto` request's time goes, step by step, in one process: bare
+//! `CIOCCRYPT` loops shaped like cryptodev's `tests/speed` (in place) and like the
+//! `devcrypto` engine (input to a separate output), the same with the engine's
+//! per-request unplug check (one `fstatat` of the device's sysfs `driver` link), then
+//! the engine's lane, then the dispatcher (the `hetcrypt speed` path). The variants
+//! take turns in short slices, round after round, so that a busy host's swings fall
+//! on all of them alike; each round's rates are divided by the in-place loop's.
+//!
+//! ```text
+//! cargo build --release --example devcrypto_costs
+//! testbed/run --profile soft --with target/release/examples/devcrypto_costs -- devcrypto_costs
+//! ```
+//!
+//! Arguments (all optional): rounds (default 8), seconds per slice (default 0.25).
+//! AES-128-CBC encryption on `virtio_crypto_aes_cbc` (the kernel's first `cbc(aes)`
+//! in the soft profile), at 1, 4 and 16 KiB.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use hetcrypt::engine::devcrypto::DevcryptoEngine;
+use hetcrypt::{policy, Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyStore};
+use nix::fcntl::{open, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
+
+/// The driver measured (cryptodev reaches it only where the kernel ranks it first).
+const DRIVER: &str = "virtio_crypto_aes_cbc";
+/// Request sizes measured.
+const SIZES: [usize; 3] = [1024, 4096, 16384];
+/// Bytes of one dispatcher batch, as `hetcrypt speed` runs one lane.
+const BATCH_BYTES: usize = 256 << 10;
+/// cryptodev's id of AES-CBC (`crypto/cryptodev.h`).
+const CRYPTO_AES_CBC: u32 = 11;
+
+/// `struct session_op` (`crypto/cryptodev.h`).
+#[repr(C)]
+struct SessionOp {
+    cipher: u32,
+    mac: u32,
+    keylen: u32,
+    key: *const u8,
+    mackeylen: u32,
+    mackey: *const u8,
+    ses: u32,
+}
+
+/// `struct crypt_op` (`crypto/cryptodev.h`).
+#[repr(C)]
+struct CryptOp {
+    ses: u32,
+    op: u16,
+    flags: u16,
+    len: u32,
+    src: *const u8,
+    dst: *mut u8,
+    mac: *mut u8,
+    iv: *mut u8,
+}
+
+nix::ioctl_readwrite!(ciocgsession, b'c', 102, SessionOp);
+nix::ioctl_readwrite!(cioccrypt, b'c', 104, CryptOp);
+
+/// The variants, in the order they take turns.
+const VARIANTS: [&str; 5] = [
+    "bare ioctl, in place (tests/speed)",
+    "bare ioctl, input -> output",
+    "bare ioctl, input -> output, + fstatat",
+    "engine lane (Lane::run)",
+    "dispatcher (run_into, speed's batch)",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let rounds: usize = args.next().map_or(Ok(8), |s| s.parse())?;
+    let slice = Duration::from_secs_f64(args.next().map_or(Ok(0.25), |s| s.parse())?);
+    let key = [7u8; 16];
+
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/crypto")?;
+    let mut sop = SessionOp {
+        cipher: CRYPTO_AES_CBC,
+        mac: 0,
+        keylen: 16,
+        key: key.as_ptr(),
+        mackeylen: 0,
+        mackey: std::ptr::null(),
+        ses: 0,
+    };
+    // SAFETY: `sop` is a valid `struct session_op` pointing at a 16-byte key.
+    unsafe { ciocgsession(dev.as_raw_fd(), &mut sop) }?;
+    let ses = sop.ses;
+    let crypt = |src: *const u8, dst: *mut u8, len: usize| {
+        let mut iv = [1u8; 16];
+        let mut cop = CryptOp {
+            ses,
+            op: 0,
+            flags: 0,
+            len: len as u32,
+            src,
+            dst,
+            mac: std::ptr::null_mut(),
+            iv: iv.as_mut_ptr(),
+        };
+        // SAFETY: `src` and `dst` point to `len` live bytes (the callers' buffers),
+        // `iv` to 16; the ioctl returns when the request is done.
+        unsafe { cioccrypt(dev.as_raw_fd(), &mut cop) }.expect("CIOCCRYPT");
+    };
+    let sysfs = std::env::var("HETCRYPT_TESTBED_CRYPTO_DEV")
+        .map_err(|_| "HETCRYPT_TESTBED_CRYPTO_DEV unset: run in the testbed guest")?;
+    // The engine looks at the virtio device's own link; its PCI parent's is as cheap.
+    let dir = open(
+        std::path::Path::new(&sysfs),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+
+    let engine = DevcryptoEngine::with_driver(DRIVER)?
+        .with_lanes(1)
+        .into_engine();
+    let keys = KeyStore::new();
+    let key_id = keys.add(Key::new(key.to_vec()))?;
+    let mut lane = engine.open_lane(0)?;
+    let dispatcher = Dispatcher::new(vec![engine.clone()])?;
+    let d_key = dispatcher.add_key(Key::new(key.to_vec()))?;
+    let only = policy::by_name(&format!("only:{}", engine.name()))?;
+
+    println!(
+        "=== {} rounds of {:.2} s slices, AES-128-CBC encryption, {DRIVER}",
+        rounds,
+        slice.as_secs_f64()
+    );
+    for size in SIZES {
+        let input = vec![3u8; size];
+        let mut output = vec![0u8; size];
+        let mut in_place = vec![3u8; size];
+        let job = Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            key_id,
+            [1; 16],
+            input.clone(),
+        );
+        let mut out = JobOutput::default();
+        let jobs: Vec<Job> = (0..(BATCH_BYTES / size).max(1))
+            .map(|i| {
+                Job::new(
+                    Cipher::AES_128_CBC,
+                    Direction::Encrypt,
+                    d_key,
+                    [1; 16],
+                    vec![i as u8; size],
+                )
+            })
+            .collect();
+        let mut outputs = Vec::new();
+        dispatcher.run_into(&jobs, only.as_ref(), &mut outputs)?;
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+        for round in 0..rounds {
+            // Rotate the starting variant so none always follows the same one.
+            for k in 0..VARIANTS.len() {
+                let v = (k + round) % VARIANTS.len();
+                let t0 = Instant::now();
+                let mut bytes = 0usize;
+                while t0.elapsed() < slice {
+                    match v {
+                        0 => {
+                            let p = in_place.as_mut_ptr();
+                            crypt(p, p, size);
+                            bytes += size;
+                        }
+                        1 => {
+                            crypt(input.as_ptr(), output.as_mut_ptr(), size);
+                            bytes += size;
+                        }
+                        2 => {
+                            let _ = fstatat(&dir, "driver", AtFlags::AT_SYMLINK_NOFOLLOW);
+                            crypt(input.as_ptr(), output.as_mut_ptr(), size);
+                            bytes += size;
+                        }
+                        3 => {
+                            lane.run(&job, &keys, &mut out)?;
+                            bytes += size;
+                        }
+                        _ => {
+                            let r = dispatcher.run_into(&jobs, only.as_ref(), &mut outputs)?;
+                            bytes += r.bytes as usize;
+                        }
+                    }
+                }
+                rates[v].push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e3);
+            }
+        }
+        println!("--- {size} bytes: rate in 1000s of bytes/s (median, range); ratio to the in-place loop (median of per-round ratios, range)");
+        for (v, name) in VARIANTS.iter().enumerate() {
+            let ratios: Vec<f64> = rates[v].iter().zip(&rates[0]).map(|(a, b)| a / b).collect();
+            let (rm, rlo, rhi) = summary(&rates[v]);
+            let (qm, qlo, qhi) = summary(&ratios);
+            println!("{name:<40} {rm:>10.0}k ({rlo:.0}-{rhi:.0})   {qm:.2} ({qlo:.2}-{qhi:.2})");
+        }
+    }
+    Ok(())
+}
+
+/// Median, minimum and maximum.
+fn summary(xs: &[f64]) -> (f64, f64, f64) {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    (median, v[0], v[n - 1])
+}
