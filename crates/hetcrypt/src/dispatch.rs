@@ -320,6 +320,8 @@ impl Dispatcher {
             alone: inline,
             retry_len: AtomicUsize::new(0),
             redispatched: AtomicUsize::new(0),
+            refused: Mutex::new(Vec::new()),
+            any_refused: AtomicBool::new(false),
         };
         let runnable = jobs.len() - unrunnable.len();
         shared.remaining.store(runnable, Ordering::Relaxed);
@@ -756,6 +758,12 @@ struct Shared<'a> {
     /// Length of `coord.retry`, readable without the lock on the hot path.
     retry_len: AtomicUsize,
     redispatched: AtomicUsize,
+    /// Jobs an engine refused as busy (a device out of sessions: `Error::EngineBusy`),
+    /// with the engines that refused each: they go to the others, and the refusing
+    /// engine, which stays in service, is not offered them again.
+    refused: Mutex<Vec<(usize, EngineMask)>>,
+    /// Whether `refused` holds anything (the hot path reads no lock).
+    any_refused: AtomicBool,
 }
 
 /// Results by job index, as a lane collects them.
@@ -1010,7 +1018,40 @@ impl Shared<'_> {
                 mask.0 &= !(1u64 << e);
             }
         }
+        mask.0 &= !self.refused_by(job).0;
         mask
+    }
+
+    /// The engines that refused `job` as busy in this batch.
+    fn refused_by(&self, job: usize) -> EngineMask {
+        if !self.any_refused.load(Ordering::Acquire) {
+            return EngineMask(0);
+        }
+        let refused = lock(&self.refused);
+        EngineMask(
+            refused
+                .iter()
+                .filter(|&&(j, _)| j == job)
+                .fold(0, |m, (_, e)| m | e.0),
+        )
+    }
+
+    /// `engine` refused `jobs` as busy: each goes to another working engine that can
+    /// run it, and never back to `engine` in this batch. Returns the jobs no other
+    /// engine can take: they keep the busy error as their result.
+    fn refuse(&self, engine: usize, jobs: &[usize]) -> Vec<usize> {
+        let (elsewhere, stuck): (Vec<usize>, Vec<usize>) = jobs.iter().partition(|&&j| {
+            let mut others = self.alive_engines(j);
+            others.0 &= !(1u64 << engine);
+            !others.is_empty()
+        });
+        if !elsewhere.is_empty() {
+            lock(&self.refused).extend(elsewhere.iter().map(|&j| (j, EngineMask(1 << engine))));
+            self.any_refused.store(true, Ordering::Release);
+            self.start_deferred();
+            self.redispatch(elsewhere);
+        }
+        stuck
     }
 
     /// Stores the result of a job that ends outside a lane's loop.
@@ -1126,7 +1167,8 @@ impl Shared<'_> {
     fn take_retry(&self, coord: &mut Coord, engine: usize, max: usize, out: &mut Vec<usize>) {
         let mut i = 0;
         while i < coord.retry.len() && out.len() < max {
-            if self.metas[coord.retry[i]].engines.contains(engine) {
+            let job = coord.retry[i];
+            if self.metas[job].engines.contains(engine) && !self.refused_by(job).contains(engine) {
                 out.extend(coord.retry.remove(i));
             } else {
                 i += 1;
@@ -1222,6 +1264,8 @@ impl Shared<'_> {
         let mut results: Vec<Result<()>> = (0..cap).map(|_| Ok(())).collect();
         let mut refs: Vec<&Job> = Vec::with_capacity(cap);
         let mut in_hand: Vec<usize> = Vec::new();
+        // Jobs of the pull the engine refused as busy: (position in the pull, job).
+        let mut busy: Vec<(usize, usize)> = Vec::new();
         let mut policy_done = false;
         loop {
             if self.quarantined[meta.engine].load(Ordering::Acquire) {
@@ -1307,14 +1351,37 @@ impl Shared<'_> {
             // handled per pull; an engine failure job by job.
             let mut failure: Option<String> = None;
             in_hand.clear();
+            busy.clear();
             for (k, &j) in picked.iter().enumerate() {
                 if matches!(&results[k], Err(e) if e.is_engine_failure()) {
                     if let Err(e) = std::mem::replace(&mut results[k], Ok(())) {
                         failure.get_or_insert_with(|| e.to_string());
                     }
                     in_hand.push(j);
+                } else if matches!(&results[k], Err(Error::EngineBusy { .. })) {
+                    busy.push((k, j));
                 } else {
                     report.bytes += self.jobs[j].len() as u64;
+                }
+            }
+            if !busy.is_empty() && failure.is_none() {
+                // Busy jobs that another engine can run leave this lane's hands; the
+                // rest end with the busy error like any job error.
+                let jobs: Vec<usize> = busy.iter().map(|&(_, j)| j).collect();
+                let stuck = self.refuse(meta.engine, &jobs);
+                for &(k, j) in &busy {
+                    if stuck.contains(&j) {
+                        report.bytes += self.jobs[j].len() as u64;
+                    } else {
+                        results[k] = Ok(());
+                        in_hand.push(j);
+                    }
+                }
+            } else {
+                // With the engine failing too, busy jobs go with its others.
+                for &(k, j) in &busy {
+                    results[k] = Ok(());
+                    in_hand.push(j);
                 }
             }
             let finished = n - in_hand.len();

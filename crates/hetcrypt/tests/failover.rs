@@ -1,4 +1,5 @@
-//! Fail-over: an engine that fails mid-batch loses no job and runs none twice.
+//! Fail-over: an engine that fails mid-batch loses no job and runs none twice; a job an
+//! engine refuses as busy runs elsewhere, and the engine stays in service.
 
 use hetcrypt::engine::cpu::CpuEngine;
 use hetcrypt::engine::fault::{Fault, FaultyEngine};
@@ -100,4 +101,83 @@ fn only_failing_engine_moves_everything() {
 #[test]
 fn engine_gone_before_batch() {
     check(Fault::OnOpen, &policy::Pull);
+}
+
+/// Runs 500 jobs on the cpu engine beside an engine that refuses every 7th job it is
+/// given as busy; returns the outputs' check and the report.
+fn run_beside_busy(policy: &dyn Policy) -> hetcrypt::Report {
+    let busy = FaultyEngine::new(
+        "busy",
+        CpuEngine::with_lanes(2).into_engine(),
+        Fault::BusyEvery(7),
+    );
+    let d = Dispatcher::new(vec![
+        CpuEngine::with_lanes(1).into_engine(),
+        busy.into_engine(),
+    ])
+    .unwrap();
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    let batch = jobs(500, key);
+    let want = reference(&batch);
+    let result = d.run(&batch, policy).unwrap();
+    for (i, (out, want)) in result.outputs.iter().zip(&want).enumerate() {
+        assert_eq!(
+            &out.as_ref().unwrap_or_else(|e| panic!("job {i}: {e}")).data,
+            want,
+            "job {i}"
+        );
+    }
+    result.report
+}
+
+#[test]
+fn busy_refusals_run_elsewhere_and_the_engine_stays() {
+    // `only` hands every job to the busy engine: each refusal must move to the cpu.
+    let r = run_beside_busy(&policy::Only::new("busy"));
+    let busy = r.engine("busy").unwrap();
+    assert!(busy.failed.is_none(), "a busy engine is not quarantined");
+    let cpu = r.engine("cpu").unwrap();
+    assert!(cpu.jobs > 0, "the refused jobs ran on the cpu");
+    assert_eq!(busy.jobs + cpu.jobs, 500, "every job done exactly once");
+    assert_eq!(
+        r.redispatched, cpu.jobs,
+        "the cpu ran exactly the refused jobs"
+    );
+    // Under pull both keep working.
+    let r = run_beside_busy(&policy::Pull);
+    assert!(r.engine("busy").unwrap().failed.is_none());
+    assert_eq!(r.engines.iter().map(|e| e.jobs).sum::<usize>(), 500);
+}
+
+#[test]
+fn a_busy_refusal_with_nowhere_else_to_go_is_the_jobs_error() {
+    let busy = FaultyEngine::new(
+        "busy",
+        CpuEngine::with_lanes(1).into_engine(),
+        Fault::BusyEvery(5),
+    );
+    let d = Dispatcher::new(vec![busy.into_engine()]).unwrap();
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    let batch = jobs(50, key);
+    let want = reference(&batch);
+    let result = d.run(&batch, &policy::Pull).unwrap();
+    let mut refused = 0;
+    for (i, (out, want)) in result.outputs.iter().zip(&want).enumerate() {
+        match out {
+            Ok(out) => assert_eq!(&out.data, want, "job {i}"),
+            Err(hetcrypt::Error::EngineBusy { engine, .. }) => {
+                assert_eq!(engine, "busy");
+                refused += 1;
+            }
+            Err(e) => panic!("job {i}: {e}"),
+        }
+    }
+    assert_eq!(
+        refused, 10,
+        "every 5th of 50 jobs refused, none lost or retried"
+    );
+    assert!(result.report.engine("busy").unwrap().failed.is_none());
+    // The engine is still in service for the next batch.
+    let again = d.run(&batch[..4], &policy::Pull).unwrap();
+    assert!(again.outputs.iter().all(|o| o.is_ok()));
 }

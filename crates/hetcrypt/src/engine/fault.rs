@@ -22,10 +22,15 @@ pub enum Fault {
     AfterJobs(usize),
     /// Lanes cannot even be opened, as a device that is gone before the batch.
     OnOpen,
+    /// Every this-many-th job (counted over all lanes) is refused with
+    /// [`Error::EngineBusy`], as a device out of sessions now and then; the engine
+    /// stays in service.
+    BusyEvery(usize),
 }
 
 /// An engine that behaves like `inner` until its [`Fault`] triggers, then fails every
-/// job with [`Error::EngineFailed`].
+/// job with [`Error::EngineFailed`] (or, with [`Fault::BusyEvery`], refuses some jobs
+/// as busy).
 pub struct FaultyEngine {
     name: String,
     inner: EngineRef,
@@ -146,6 +151,12 @@ impl Lane for FaultyLane {
                 engine: self.name.clone(),
                 reason: format!("injected fault after {limit} jobs"),
             }),
+            Fault::BusyEvery(every) if (n + 1).is_multiple_of(every.max(1)) => {
+                Err(Error::EngineBusy {
+                    engine: self.name.clone(),
+                    reason: format!("injected: every {every}th job refused"),
+                })
+            }
             _ => self.inner.run(job, keys, out),
         }
     }
