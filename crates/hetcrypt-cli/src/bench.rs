@@ -115,7 +115,7 @@ pub struct Args {
     lanes: Option<u16>,
     /// CBC messages a cpu lane encrypts in lockstep (multi-buffer); 1 sends every job
     /// through OpenSSL EVP alone, as `openssl speed` does [default: the engine's].
-    #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=16))]
+    #[arg(long, value_name = "CHAINS", value_parser = clap::value_parser!(u16).range(1..=hetcrypt::engine::cpu::MAX_CHAINS as i64))]
     cpu_chains: Option<u16>,
     /// Who runs CTR, CBC decryption and multi-buffer CBC encryption on the cpu engine:
     /// `auto` (the faster of the aes crate and OpenSSL EVP, measured at first use: see
