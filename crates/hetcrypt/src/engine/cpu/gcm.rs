@@ -148,9 +148,13 @@ pub(crate) fn open(
     Ok(())
 }
 
-/// `out` becomes a copy of `input` (`ring` works in place), reusing its allocation.
+/// `out` becomes a copy of `input` (`ring` works in place), reusing its allocation,
+/// with room for a tag after it as EVP's path leaves (a sealed chunk gets its tag
+/// appended: without the room, a fresh 16 KiB buffer was reallocated to 32 KiB for
+/// every chunk of a tree of small files, and its buffer then pooled as the wrong size).
 fn fill(out: &mut Vec<u8>, input: &[u8]) {
     out.clear();
+    out.reserve(input.len() + TAG_LEN);
     out.extend_from_slice(input);
 }
 
@@ -209,5 +213,18 @@ mod tests {
             GcmKey::new(Cipher::AES_128_GCM, &[0; 15]),
             Some(Err(Error::KeyLength { .. }))
         ));
+    }
+
+    /// A sealed output into a fresh buffer has room for its tag: the file format
+    /// appends it, and without the room every small file's chunk was reallocated.
+    #[test]
+    fn a_sealed_output_has_room_for_its_tag() {
+        let key = GcmKey::new(Cipher::AES_128_GCM, &[9; 16]).unwrap().unwrap();
+        for len in [0usize, 16, 16 * 1024] {
+            let mut out = Vec::new();
+            seal(&key, &[1; IV_LEN], b"", &vec![5; len], &mut out).unwrap();
+            assert_eq!(out.len(), len);
+            assert!(out.capacity() >= len + TAG_LEN, "{len}: {}", out.capacity());
+        }
     }
 }
