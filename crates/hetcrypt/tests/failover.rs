@@ -35,6 +35,17 @@ fn reference(jobs: &[Job]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Every job succeeded with the reference output.
+fn assert_outputs(outputs: &[hetcrypt::Result<hetcrypt::JobOutput>], want: &[Vec<u8>]) {
+    for (i, (out, want)) in outputs.iter().zip(want).enumerate() {
+        assert_eq!(
+            &out.as_ref().unwrap_or_else(|e| panic!("job {i}: {e}")).data,
+            want,
+            "job {i}"
+        );
+    }
+}
+
 /// Batches to try before giving up on the fault triggering: under `pull` on a loaded
 /// machine the CPU lane can finish a batch before the faulty engine's lanes have run
 /// enough jobs to fail (it happened once in many runs), and such a batch proves nothing.
@@ -62,13 +73,7 @@ fn check_once(fault: Fault, policy: &dyn Policy) -> bool {
     let batch = jobs(500, key);
     let want = reference(&batch);
     let result = d.run(&batch, policy).unwrap();
-    for (i, (out, want)) in result.outputs.iter().zip(&want).enumerate() {
-        assert_eq!(
-            &out.as_ref().unwrap_or_else(|e| panic!("job {i}: {e}")).data,
-            want,
-            "job {i}"
-        );
-    }
+    assert_outputs(&result.outputs, &want);
     let r = &result.report;
     assert_eq!(
         r.engines.iter().map(|e| e.jobs).sum::<usize>(),
@@ -104,7 +109,7 @@ fn engine_gone_before_batch() {
 }
 
 /// Runs 500 jobs on the cpu engine beside an engine that refuses every 7th job it is
-/// given as busy; returns the outputs' check and the report.
+/// given as busy; checks the outputs and returns the report.
 fn run_beside_busy(policy: &dyn Policy) -> hetcrypt::Report {
     let busy = FaultyEngine::new(
         "busy",
@@ -120,13 +125,7 @@ fn run_beside_busy(policy: &dyn Policy) -> hetcrypt::Report {
     let batch = jobs(500, key);
     let want = reference(&batch);
     let result = d.run(&batch, policy).unwrap();
-    for (i, (out, want)) in result.outputs.iter().zip(&want).enumerate() {
-        assert_eq!(
-            &out.as_ref().unwrap_or_else(|e| panic!("job {i}: {e}")).data,
-            want,
-            "job {i}"
-        );
-    }
+    assert_outputs(&result.outputs, &want);
     result.report
 }
 
