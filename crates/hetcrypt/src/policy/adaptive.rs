@@ -82,6 +82,16 @@ const DRIFT_REACH: usize = 2;
 /// factor past which the store and the run disagree about more than load.
 const DRIFT_CAP: f64 = model::OUTLIER_CAP;
 
+/// What starting an engine's lanes for a batch costs it, about: a lane thread's start,
+/// its barrier and its join took a third of a batch of 400 tiny jobs under the
+/// testbed's emulation (the dispatcher's deferred lanes), a batch that `only:cpu` runs
+/// in ~2.7 ms there. In `scripts/bench-short` the eighth batch, the second at 1 KiB,
+/// is where a declined engine first re-measures: one job, its lane started for it,
+/// beside a ~22 ms batch; on a quiet host (fifteenth session, 8 boots) the rounds
+/// where it took one or two jobs came out at 0.91-0.95 of the best single engine in
+/// 4 of 5 (the fifth 1.41), the module-alone rounds after them at 0.78-1.07.
+const LANE_START: Duration = Duration::from_millis(1);
+
 /// A lane of a sole batch has no class yet.
 const NO_CLASS: usize = usize::MAX;
 
@@ -404,6 +414,9 @@ struct AdaptiveSchedule {
     sole: Option<usize>,
     /// When the schedule was made: the zero of a sole run's segment times.
     origin: Instant,
+    /// True until [`AdaptiveSchedule::leave_out_idle_engines`] has chosen the engines
+    /// that start: until then no lane runs, and starting any costs [`LANE_START`].
+    planning: bool,
 }
 
 impl AdaptiveSchedule {
@@ -532,6 +545,7 @@ impl AdaptiveSchedule {
             needed: EngineMask(u64::MAX),
             sole: None,
             origin: Instant::now(),
+            planning: true,
         }
     }
 
@@ -549,6 +563,7 @@ impl AdaptiveSchedule {
                 needed.insert(e);
             }
         }
+        self.planning = false;
         if needed.is_empty() {
             return;
         }
@@ -859,6 +874,14 @@ impl View for AdaptiveSchedule {
 
     fn may_remeasure(&self, e: usize) -> bool {
         self.remeasure_due[e] && !self.remeasured[e].load(Ordering::Relaxed)
+    }
+
+    fn start_cost(&self, e: usize) -> f64 {
+        if self.planning || !self.needed.contains(e) {
+            LANE_START.as_secs_f64()
+        } else {
+            0.0
+        }
     }
 }
 
