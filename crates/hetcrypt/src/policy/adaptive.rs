@@ -8,7 +8,9 @@
 //! keep by timing their pulls. The estimates live in the [`Adaptive`] value, shared by
 //! all its schedules, so a second batch starts from what the first one learned; with a
 //! calibration ([`Adaptive::seeded`]) the first batch starts from the stored costs and
-//! mix gains, so it places its first job right.
+//! mix gains, so it places its first job right; a class an engine has not run yet
+//! starts from the store scaled by how far that engine's own costs moved from it on a
+//! nearby size (its drift: the store is measured once, on the engine alone).
 //!
 //! **Timing.** The schedule times the pulls itself instead of asking the dispatcher
 //! ([`Schedule::wants_timing`] is false): a lane calls [`Schedule::next`] on its own

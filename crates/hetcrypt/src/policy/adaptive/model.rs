@@ -40,9 +40,10 @@
 //! jobs of it, smallest classes first, while the batch is large enough for the probes to
 //! overlap other work. An engine the cost rule declines re-measures the class with one
 //! pull every [`REMEASURE_EVERY`] batches when the others' remaining work is at least
-//! [`REMEASURE_RATIO`] times its cost: beside the others that pull can only come out slow, so it may only lower
-//! the estimate, which is what brings back an engine that got faster (a CPU whose load
-//! went away).
+//! [`REMEASURE_RATIO`] times its cost, the start of its lanes included where they would
+//! start only for it: beside the others that pull can only come out slow, so it may only
+//! lower the estimate, which is what brings back an engine that got faster (a CPU whose
+//! load went away).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
