@@ -91,7 +91,10 @@ const DRIFT_CAP: f64 = model::OUTLIER_CAP;
 /// is where a declined engine first re-measures: one job, its lane started for it,
 /// beside a ~22 ms batch; on a quiet host (fifteenth session, 8 boots) the rounds
 /// where it took one or two jobs came out at 0.91-0.95 of the best single engine in
-/// 4 of 5 (the fifth 1.41), the module-alone rounds after them at 0.78-1.07.
+/// 4 of 5 (the fifth 1.41), the module-alone rounds after them at 0.78-1.07. Counted
+/// in full the start would allow a re-measurement only beside ~110 ms of work, not in
+/// the seeds' 400-job batches of 1 KiB (~45 ms), where a wrong near-tie choice must be
+/// able to come back: a re-measurement counts its share ([`model::REMEASURE_RATIO`]).
 const LANE_START: Duration = Duration::from_millis(1);
 
 /// A lane of a sole batch has no class yet.
