@@ -31,6 +31,22 @@ use stats::{BenchReport, PolicyResult, Run, SizeResult, Skipped};
 /// tiny jobs (~2 ms in all) paid for (docs/results.md, short runs).
 const SETTLE_MS: u64 = 50;
 
+/// Multiplies `--order-seed` into the rounds' shuffle seeds (the 64-bit golden ratio,
+/// an odd constant that spreads consecutive salts over the seed space), so that salts
+/// 1, 2, 3 ... do not collide with the (size, round) part of the seed.
+const ORDER_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The order in which `policies` policies run in round `rep` of size number `index`:
+/// a shuffle seeded by both and by `salt` (`--order-seed`; 0 gives the orders of
+/// earlier versions).
+fn round_order(policies: usize, index: usize, rep: usize, salt: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..policies).collect();
+    order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(
+        (((index as u64) << 32) | rep as u64).wrapping_add(salt.wrapping_mul(ORDER_SALT)),
+    ));
+    order
+}
+
 /// The seeds' file sizes (seed 000, section 5: 8 B to 16 KiB).
 const SEED_SIZES: &str = "8,16,64,256,1024,4096,8192,16384";
 /// The policies that combine engines, compared after each engine alone: the seeds'
@@ -102,6 +118,11 @@ pub struct Args {
     /// timed as the next one's work; 0: none.
     #[arg(long, value_name = "MS", default_value_t = SETTLE_MS)]
     settle: u64,
+    /// Salt of the rounds' policy orders: 0 (the default) takes the same orders on
+    /// every run; runs pooled afterwards (several boots) should each take another, so
+    /// that a neighbour's aftermath is not the same policy's in every run.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    order_seed: u64,
     /// Engines to use (comma-separated) [default: every engine this machine has].
     #[arg(
         long = "engines",
@@ -228,11 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             // tiny jobs that take 2 ms in the testbed. Seeded by round, so a rerun takes
             // the same orders. The seed takes the size too: with few rounds, orders seeded
             // by round alone put a policy after the same neighbour at every size.
-            let mut order: Vec<usize> = (0..policies.len()).collect();
-            order.shuffle(&mut Xoshiro256PlusPlus::seed_from_u64(
-                ((index as u64) << 32) | rep as u64,
-            ));
-            for i in order {
+            for i in round_order(policies.len(), index, rep, args.order_seed) {
                 std::thread::sleep(std::time::Duration::from_millis(args.settle));
                 let (name, policy) = &policies[i];
                 bar.set_message(format!(
@@ -531,4 +548,26 @@ fn progress(args: &Args, total: u64) -> ProgressBar {
         }
     }
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_order;
+
+    /// Salt 0 keeps the orders of earlier versions (a rerun of an old measurement takes
+    /// the same ones); another salt gives other orders, and each is a permutation.
+    #[test]
+    fn the_order_seed_changes_the_rounds_orders_and_zero_keeps_them() {
+        // bench-short's seven policies at its fifth size (16 KiB), third round: the
+        // order every one of its earlier boots took (only:cpu, round-robin, threshold,
+        // adaptive, polling, pull, only:kernel).
+        assert_eq!(round_order(7, 4, 2, 0), [0, 2, 5, 6, 3, 4, 1]);
+        let salted: Vec<Vec<usize>> = (1..=5).map(|salt| round_order(7, 4, 2, salt)).collect();
+        assert!(salted.iter().all(|o| *o != round_order(7, 4, 2, 0)));
+        for order in &salted {
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..7).collect::<Vec<_>>());
+        }
+    }
 }

@@ -40,9 +40,9 @@
 //! jobs of it, smallest classes first, while the batch is large enough for the probes to
 //! overlap other work. An engine the cost rule declines re-measures the class with one
 //! pull every [`REMEASURE_EVERY`] batches when the others' remaining work is at least
-//! [`REMEASURE_RATIO`] times its cost: beside the others that pull can only come out slow, so it may only lower
-//! the estimate, which is what brings back an engine that got faster (a CPU whose load
-//! went away).
+//! [`REMEASURE_RATIO`] times its cost and its share of its lanes' start: beside the others that pull can only come out slow, so it may only
+//! lower the estimate, which is what brings back an engine that got faster (a CPU whose
+//! load went away).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -115,8 +115,11 @@ pub const PROBE_MIN_REMAINING_PER_LANE: usize = 4;
 pub const PROBE_SAFETY: f64 = 4.0;
 
 /// A declined engine re-measures a class (one pull) only when the others' remaining
-/// work is at least this many times the pull's estimated cost: it then takes at most
-/// about 1% of a batch, the price of noticing that the engine got faster.
+/// work is at least this many times the pull's estimated cost plus its share of the
+/// start of the engine's lanes, where they would start only for it
+/// ([`View::start_cost`], spread over the [`REMEASURE_EVERY`] batches a re-measurement
+/// serves): the pull then takes at most about 1% of its batch and the start about 1%
+/// of each batch on average, the price of noticing that the engine got faster.
 pub const REMEASURE_RATIO: f64 = 100.0;
 
 /// A declined engine re-measures at most once in this many batches. Small on average,
@@ -290,6 +293,10 @@ pub trait View {
     /// Whether engine `e` may still re-measure a class in this batch (see
     /// [`REMEASURE_EVERY`]).
     fn may_remeasure(&self, e: usize) -> bool;
+    /// Seconds that starting engine `e`'s lanes would add to the batch (their threads'
+    /// start and join), or 0 once they run: what a re-measurement costs beyond its pull
+    /// when the engine is otherwise left out of the batch.
+    fn start_cost(&self, e: usize) -> f64;
 }
 
 /// What a free lane should do.
@@ -442,7 +449,10 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
         };
         let horizon = others_time.max(fastest_other_lane);
         if !worth(v, me, q, steal) || c.wall > horizon {
-            if remeasure.is_none() && v.may_remeasure(me) && others_time >= REMEASURE_RATIO * c.wall
+            if remeasure.is_none()
+                && v.may_remeasure(me)
+                && others_time
+                    >= REMEASURE_RATIO * (c.wall + v.start_cost(me) / f64::from(REMEASURE_EVERY))
             {
                 remeasure = Some(q);
             }
@@ -685,6 +695,10 @@ mod tests {
         }
         fn may_remeasure(&self, e: usize) -> bool {
             !self.remeasured[e] && self.since[e] >= REMEASURE_EVERY
+        }
+        /// The simulation starts no threads.
+        fn start_cost(&self, _e: usize) -> f64 {
+            0.0
         }
     }
 
@@ -1109,6 +1123,8 @@ mod tests {
         smaller: Vec<Vec<Option<(usize, Cost)>>>,
         probes: Vec<Vec<usize>>,
         remeasure: Vec<bool>,
+        /// What starting a left-out engine's lanes costs, seconds.
+        start: f64,
     }
 
     impl Fake {
@@ -1127,6 +1143,7 @@ mod tests {
                 smaller: vec![vec![None; nq]; ne],
                 probes: vec![vec![0; nq]; ne],
                 remeasure: vec![false; ne],
+                start: 0.0,
             }
         }
 
@@ -1183,6 +1200,29 @@ mod tests {
         fn may_remeasure(&self, e: usize) -> bool {
             self.remeasure[e]
         }
+        fn start_cost(&self, _: usize) -> f64 {
+            self.start
+        }
+    }
+
+    /// A declined engine re-measures only where the others' remaining work is
+    /// [`REMEASURE_RATIO`] times the pull and its share of the lanes' start together:
+    /// 200 jobs of 110 µs on the module (22 ms) leave room for a 150 µs cpu pull alone
+    /// (15 ms), not once a 1 ms lane start counts too (27.5 ms); 400 jobs (44 ms) do.
+    #[test]
+    fn a_remeasurement_counts_the_start_of_the_engines_lanes() {
+        let fake = |jobs: usize, start: f64| {
+            let mut v = Fake::new(&[1, 1], &[jobs])
+                .cost(0, 0, 150e-6)
+                .cost(1, 0, 110e-6);
+            v.steal = 1.0;
+            v.remeasure[0] = true;
+            v.start = start;
+            decide(&v, 0)
+        };
+        assert_eq!(fake(200, 0.0), Decision::Remeasure(0));
+        assert_eq!(fake(200, 1e-3), Decision::Wait);
+        assert_eq!(fake(400, 1e-3), Decision::Remeasure(0));
     }
 
     /// The pessimistic extrapolation scales the smaller size's cost by the length
