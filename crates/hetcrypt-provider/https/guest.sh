@@ -5,6 +5,8 @@
 #   default   the default provider;
 #   module    the hetcrypt provider with every call the module can take on the module;
 #   balanced  the hetcrypt provider's own policy;
+#   before    the same with another build of the provider, $BIN/hetcrypt-before.so
+#             (scripts/bench-https --baseline: a change's before and after in one boot);
 # and each TLS suite, body size and connection mode, wrk loads nginx on loopback for
 # DURATION seconds; perf (software clock) samples the whole guest meanwhile.
 # Prints machine-readable lines:
@@ -52,6 +54,8 @@ CNF
 	fi
 	policy=balanced
 	[ "$1" = module ] && policy=module
+	so=hetcrypt.so
+	[ "$1" = before ] && so=hetcrypt-before.so
 	cat <<CNF
 openssl_conf = openssl_init
 [openssl_init]
@@ -63,7 +67,7 @@ hetcrypt = hetcrypt_sect
 [default_sect]
 activate = 1
 [hetcrypt_sect]
-module = $BIN/hetcrypt.so
+module = $BIN/$so
 activate = 1
 policy = $policy
 stats = $W/stats
