@@ -21,9 +21,9 @@ pub const PERIOD: Duration = Duration::from_millis(100);
 /// A `/proc` file kept open and read again from its start: one `pread` a sample. A
 /// fresh read (`std::fs::read_to_string`) is five system calls (open, statx, two
 /// reads, close), ~0.25 ms together in the soft guest under emulation; the samplers'
-/// ~40 such reads a second cost `balanced` ~50 us per 1 KiB request there (strace on
-/// nginx's worker: 257 extra opens in 6 s, 1,359 requests), the 5% it lacked against
-/// `default`. `/proc`'s files render afresh on every read from offset 0.
+/// ~40 such reads a second cost `balanced` 1-2 system calls and ~50 us per 1 KiB
+/// request there (strace on nginx's worker: 257 extra opens in 6 s, 1,359 requests).
+/// `/proc`'s files render afresh on every read from offset 0.
 pub struct ProcFile(File);
 
 impl ProcFile {
