@@ -5,6 +5,8 @@
 #   default   the default provider;
 #   module    the hetcrypt provider with every call the module can take on the module;
 #   balanced  the hetcrypt provider's own policy;
+#   before    the same with another build of the provider, $BIN/hetcrypt-before.so
+#             (scripts/bench-https --baseline: a change's before and after in one boot);
 # and each TLS suite, body size and connection mode, wrk loads nginx on loopback for
 # DURATION seconds; perf (software clock) samples the whole guest meanwhile.
 # Prints machine-readable lines:
@@ -13,6 +15,9 @@
 #   STATS <cfg> <summary line of the provider in nginx's worker>
 #   BODY <cfg> <suite> ok|bad
 #   FAULT <what> ok|bad <details>   (FAULTS=1: the fault phase below)
+#   SYSCALLS <cfg> <suite> <size> <mode> <syscall> <calls> <per request>   (STRACE=1:
+#     strace -c on nginx's worker during the run; it slows nginx, so read that run's
+#     requests/s as strace's, not the configuration's)
 # Environment: CONFIGS, SUITES (tls12-cbc tls12-gcm tls13; also tls12-cbc-sha1), SIZES (1k 16k 1m), MODES
 # (keepalive close), DURATION (s), CONNS, PERF (1 to sample), FAULTS (1: after the
 # runs, with the module configuration on TLS 1.2 CBC under load, a client that
@@ -26,6 +31,7 @@ DURATION=${DURATION:-5}
 CONNS=${CONNS:-4}
 PERF=${PERF:-1}
 CPUSTAT=${CPUSTAT:-0}
+STRACE=${STRACE:-0}
 BIN=/opt/hetcrypt/bin
 W=/tmp/https
 PORT=8443
@@ -52,6 +58,8 @@ CNF
 	fi
 	policy=balanced
 	[ "$1" = module ] && policy=module
+	so=hetcrypt.so
+	[ "$1" = before ] && so=hetcrypt-before.so
 	cat <<CNF
 openssl_conf = openssl_init
 [openssl_init]
@@ -63,7 +71,7 @@ hetcrypt = hetcrypt_sect
 [default_sect]
 activate = 1
 [hetcrypt_sect]
-module = $BIN/hetcrypt.so
+module = $BIN/$so
 activate = 1
 policy = $policy
 stats = $W/stats
@@ -123,6 +131,17 @@ cpu_report() { # before after key
 	awk -v k="$3" 'FNR == 1 { if (NR == 1) for (i = 2; i <= 8; i++) a[i] = $i; else { s = "CPUSTAT " k; split("user nice system idle iowait irq softirq", n, " "); for (i = 2; i <= 8; i++) s = s " " n[i-1] "=" ($i - a[i]); print s } next }
 		NR == FNR { t[$1] = $3; next } { d = $3 - t[$1]; if (d > 0) print "CPUPROC " k, $1, $2, d }' "$1" "$2" | sort -k8,8nr | awk '/^CPUSTAT/ || n++ < 10'
 }
+# The pids of the processes whose command line starts with $1 (busybox has no pgrep).
+pids_of() {
+	for d in /proc/[0-9]*; do
+		case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
+		"$1"*) echo "${d#/proc/}" ;;
+		esac
+	done
+}
+# The pid of nginx's worker; the pids of nginx's master and workers.
+worker_pid() { pids_of "nginx: worker" | head -n 1; }
+nginx_pids() { pids_of "nginx: "; }
 for cfg in $CONFIGS; do
 	cnf "$cfg" >"$W/openssl-$cfg.cnf"
 	for suite in $SUITES; do
@@ -144,6 +163,11 @@ for cfg in $CONFIGS; do
 				hdr=""
 				[ "$mode" = close ] && hdr="Connection: close"
 				[ "$CPUSTAT" = 1 ] && cpu_snapshot "$W/cpu.before"
+				if [ "$STRACE" = 1 ]; then
+					strace -c -f -p "$(worker_pid)" -o "$W/strace.out" 2>/dev/null &
+					strace_pid=$!
+					sleep 1
+				fi
 				if [ "$PERF" = 1 ]; then
 					perf record -q -F 499 -e cpu-clock -a -o "$W/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
 					perf_pid=$!
@@ -154,6 +178,14 @@ for cfg in $CONFIGS; do
 					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
 				fi
 				[ "$PERF" = 1 ] && wait "$perf_pid"
+				if [ "$STRACE" = 1 ]; then
+					kill -INT "$strace_pid"
+					wait "$strace_pid"
+					reqs=$(awk '/requests in/ { print $1 }' "$W/wrk.out")
+					# Rows: % time, seconds, usecs/call, calls, [errors], syscall.
+					awk -v k="$cfg $suite $size $mode" -v r="${reqs:-0}" '$4 ~ /^[0-9]+$/ && $NF != "syscall" {
+						printf "SYSCALLS %s %s %d %.3f\n", k, $NF, $4, (r > 0 ? $4 / r : 0) }' "$W/strace.out"
+				fi
 				if [ "$CPUSTAT" = 1 ]; then
 					cpu_snapshot "$W/cpu.after"
 					cpu_report "$W/cpu.before" "$W/cpu.after" "$cfg $suite $size $mode"
@@ -179,17 +211,6 @@ for cfg in $CONFIGS; do
 		[ -s "$W/stats" ] && sed "s/^/STATS $cfg $suite /" "$W/stats"
 	done
 done
-# The pids of the processes whose command line starts with $1 (busybox has no pgrep).
-pids_of() {
-	for d in /proc/[0-9]*; do
-		case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
-		"$1"*) echo "${d#/proc/}" ;;
-		esac
-	done
-}
-# The pid of nginx's worker; the pids of nginx's master and workers.
-worker_pid() { pids_of "nginx: worker" | head -n 1; }
-nginx_pids() { pids_of "nginx: "; }
 
 if [ "${FAULTS:-0}" = 1 ]; then
 	cnf module >"$W/openssl-module.cnf"
