@@ -65,11 +65,11 @@ const WIDTH_TOLERANCE: f64 = 1.05;
 const WIDTH_PROBE_SIZE: usize = 1024;
 
 /// Jobs per timed round of the width probe: a multiple of every width in
-/// [`CHAIN_WIDTHS`], 512 KiB of input (about 100 us at the widths' speeds). Rounds of
-/// 128 KiB (25 us) were too short on an Intel Xeon (Emerald Rapids, KVM): the probe
-/// read 8 chains 4% faster than 16 and chose 8, while `hetcrypt speed` ran 16 chains at
-/// 5.45-5.73 GB/s against 8 chains' 4.51-5.43 in three alternating rounds.
-const WIDTH_PROBE_JOBS: usize = 512;
+/// [`CHAIN_WIDTHS`], 128 KiB of input. Rounds of 512 KiB did not steady the choice on
+/// an Intel Xeon (Emerald Rapids, KVM), whose lockstep speed differed by 1.5x from one
+/// process to the next whatever the round's length, and they cost four times as much
+/// where AES instructions are slow (an emulated guest's).
+const WIDTH_PROBE_JOBS: usize = 128;
 
 /// Timed rounds per width, in rotating order; the best counts. More than [`ROUNDS`]:
 /// the widths differ by a few percent, the implementations by tens.
