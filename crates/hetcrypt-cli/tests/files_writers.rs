@@ -148,17 +148,15 @@ fn outputs_in_the_way_fail_alone_whichever_thread_settles_them() {
     }
     // Complete: each decrypts on its own to the input (one `decrypt` of every complete
     // output as a file of its own, not of the tree: one spawn, not one per file).
-    let complete: Vec<PathBuf> = (0..FILES)
-        .filter(|i| !in_the_way.contains(i))
-        .map(out)
-        .collect();
+    let complete: Vec<usize> = (0..FILES).filter(|i| !in_the_way.contains(i)).collect();
+    let paths: Vec<PathBuf> = complete.iter().map(|&i| out(i)).collect();
     let dec = t.path().join("dec");
     let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"decrypt", &"-q", &"--key", &key];
-    args.extend(complete.iter().map(|p| p as &dyn AsRef<std::ffi::OsStr>));
+    args.extend(paths.iter().map(|p| p as &dyn AsRef<std::ffi::OsStr>));
     args.extend([&"-o" as &dyn AsRef<std::ffi::OsStr>, &dec]);
     let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
-    for i in (0..FILES).filter(|i| !in_the_way.contains(i)) {
+    for &i in &complete {
         let name = rel(i);
         let name = name.file_name().unwrap();
         assert_eq!(fs::read(dec.join(name)).unwrap(), content(i), "{i}");

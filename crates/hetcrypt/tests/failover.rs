@@ -46,6 +46,21 @@ fn assert_outputs(outputs: &[hetcrypt::Result<hetcrypt::JobOutput>], want: &[Vec
     }
 }
 
+/// A fresh dispatcher of a one-lane cpu engine beside a two-lane one wrapped as `name`
+/// with `fault`, 500 jobs under its key, and their reference outputs.
+fn beside_cpu(name: &str, fault: Fault) -> (Dispatcher, Vec<Job>, Vec<Vec<u8>>) {
+    let faulty = FaultyEngine::new(name, CpuEngine::with_lanes(2).into_engine(), fault);
+    let d = Dispatcher::new(vec![
+        CpuEngine::with_lanes(1).into_engine(),
+        faulty.into_engine(),
+    ])
+    .unwrap();
+    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
+    let batch = jobs(500, key);
+    let want = reference(&batch);
+    (d, batch, want)
+}
+
 /// Batches to try before giving up on the fault triggering: under `pull` on a loaded
 /// machine the CPU lane can finish a batch before the faulty engine's lanes have run
 /// enough jobs to fail (it happened once in many runs), and such a batch proves nothing.
@@ -63,15 +78,7 @@ fn check(fault: Fault, policy: &dyn Policy) {
 /// Runs one batch on a fresh dispatcher; checks every output and that every job ran
 /// once, and, if the faulty engine failed, the rest. Returns whether it failed.
 fn check_once(fault: Fault, policy: &dyn Policy) -> bool {
-    let faulty = FaultyEngine::new("flaky", CpuEngine::with_lanes(2).into_engine(), fault);
-    let d = Dispatcher::new(vec![
-        CpuEngine::with_lanes(1).into_engine(),
-        faulty.into_engine(),
-    ])
-    .unwrap();
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    let batch = jobs(500, key);
-    let want = reference(&batch);
+    let (d, batch, want) = beside_cpu("flaky", fault);
     let result = d.run(&batch, policy).unwrap();
     assert_outputs(&result.outputs, &want);
     let r = &result.report;
@@ -111,19 +118,7 @@ fn engine_gone_before_batch() {
 /// Runs 500 jobs on the cpu engine beside an engine that refuses every 7th job it is
 /// given as busy; checks the outputs and returns the report.
 fn run_beside_busy(policy: &dyn Policy) -> hetcrypt::Report {
-    let busy = FaultyEngine::new(
-        "busy",
-        CpuEngine::with_lanes(2).into_engine(),
-        Fault::BusyEvery(7),
-    );
-    let d = Dispatcher::new(vec![
-        CpuEngine::with_lanes(1).into_engine(),
-        busy.into_engine(),
-    ])
-    .unwrap();
-    let key = d.add_key(Key::new(vec![7; 16])).unwrap();
-    let batch = jobs(500, key);
-    let want = reference(&batch);
+    let (d, batch, want) = beside_cpu("busy", Fault::BusyEvery(7));
     let result = d.run(&batch, policy).unwrap();
     assert_outputs(&result.outputs, &want);
     result.report
