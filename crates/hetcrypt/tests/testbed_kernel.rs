@@ -10,6 +10,8 @@ use hetcrypt::engine::{EngineRef, Lane};
 use hetcrypt::{Cipher, Direction, Error, Job, JobOutput, Key, KeyId, KeyStore, Mode, TAG_LEN};
 use openssl::symm::{self, Crypter};
 
+mod common;
+
 /// The testbed device's driver (cbc(aes) only).
 const VIRTIO: &str = "virtio_crypto_aes_cbc";
 
@@ -662,13 +664,6 @@ fn forgotten_keys_close_their_sockets() {
     );
 }
 
-/// Lanes of [`KEYS_PER_LANE`] keys that fill the testbed's device: QEMU's built-in
-/// virtio-crypto backend holds 256 sessions, two per keyed transform.
-const LANES_TO_FILL: usize = 4;
-
-/// Keys each filling lane opens: as many as a lane keeps (the engine's bound).
-const KEYS_PER_LANE: u8 = 32;
-
 #[test]
 #[ignore = "needs the testbed guest (HETCRYPT_TESTBED): testbed/ci runs it"]
 fn a_full_device_makes_a_job_busy_and_leaves_the_engine_working() {
@@ -676,62 +671,5 @@ fn a_full_device_makes_a_job_busy_and_leaves_the_engine_working() {
     let engine = KernelEngine::with_driver(VIRTIO)
         .expect("the guest has the virtio-crypto device")
         .into_engine();
-    let keys = KeyStore::new();
-    let key = |lane: usize, i: u8| {
-        let k = vec![
-            i, lane as u8, 0xa5, 0x5a, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-        ];
-        (keys.add(Key::new(k.clone())).expect("valid key"), k)
-    };
-    let job = |id: KeyId| {
-        Job::new(
-            Cipher::AES_128_CBC,
-            Direction::Encrypt,
-            id,
-            [7; 16],
-            vec![9; 64],
-        )
-    };
-    // Every filling lane's jobs succeed: where the device fills before its bound, a
-    // lane ends one of its own transforms and retries.
-    let mut full = Vec::new();
-    let mut first = None;
-    for l in 0..LANES_TO_FILL {
-        let mut lane = engine.open_lane(l).expect("lane opens");
-        for i in 0..KEYS_PER_LANE {
-            let (id, k) = key(l, i);
-            check(
-                &mut *lane,
-                &keys,
-                &job(id),
-                &k,
-                &format!("lane {l} key {i}"),
-            );
-            first.get_or_insert((id, k));
-        }
-        full.push(lane);
-    }
-    // A lane with no transform of its own to end: the device refuses, the job fails
-    // as busy, and the engine is not failed.
-    let mut last = engine.open_lane(LANES_TO_FILL).expect("lane opens");
-    let (id, k) = key(LANES_TO_FILL, 0);
-    let mut out = JobOutput::default();
-    match last.run(&job(id), &keys, &mut out) {
-        Err(Error::EngineBusy { reason, .. }) => {
-            eprintln!("full device: {reason}");
-            assert!(reason.contains("no more sessions"), "{reason}");
-        }
-        other => panic!("a job on a full device: {other:?}, not EngineBusy"),
-    }
-    let (first_id, first_key) = first.expect("a key was used");
-    check(
-        &mut *full[0],
-        &keys,
-        &job(first_id),
-        &first_key,
-        "a filling lane after the busy job",
-    );
-    // Once another lane closes its transforms, the same lane and key work.
-    drop(full.pop());
-    check(&mut *last, &keys, &job(id), &k, "after a lane closed");
+    common::full_device_makes_a_job_busy(&engine, check);
 }

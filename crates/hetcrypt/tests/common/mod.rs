@@ -12,7 +12,9 @@ use hetcrypt::engine::devcrypto::DevcryptoEngine;
 use hetcrypt::engine::kernel::KernelEngine;
 use hetcrypt::engine::{EngineRef, Lane};
 use hetcrypt::policy::{Only, Policy};
-use hetcrypt::{BatchResult, Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyId};
+use hetcrypt::{
+    BatchResult, Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyId, KeyStore,
+};
 
 /// Set (to anything) when the tests run inside the QEMU testbed guest, which has a
 /// virtio-crypto device: there a kernel engine that does not open is a failure.
@@ -699,4 +701,78 @@ pub fn tiny_jobs(d: &Dispatcher, n: usize) -> Vec<Job> {
             )
         })
         .collect()
+}
+
+/// Lanes of [`KEYS_PER_LANE`] keys that fill the testbed's device: QEMU's built-in
+/// virtio-crypto backend holds 256 sessions, two per keyed session (an AF_ALG transform
+/// or a `/dev/crypto` session).
+pub const LANES_TO_FILL: usize = 4;
+
+/// Keys each filling lane opens: as many as a lane keeps (the engines' bound).
+pub const KEYS_PER_LANE: u8 = 32;
+
+/// Fills the testbed's device through [`LANES_TO_FILL`] lanes of `engine` (a device
+/// engine bound to it) and checks what a full device does: every filling lane's jobs
+/// succeed (where the device fills before a lane's bound, the lane ends one of its own
+/// sessions and retries); a further lane, with no session of its own to end, gets
+/// [`Error::EngineBusy`] and the engine is not failed; a filling lane still works; once
+/// one filling lane closes, the same lane and key work. `check` runs a job on a lane
+/// and compares its output with OpenSSL's (`what` names the case).
+pub fn full_device_makes_a_job_busy(
+    engine: &EngineRef,
+    check: impl Fn(&mut dyn Lane, &KeyStore, &Job, &[u8], &str) -> JobOutput,
+) {
+    let keys = KeyStore::new();
+    let key = |lane: usize, i: u8| {
+        let k = vec![
+            i, lane as u8, 0xa5, 0x5a, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ];
+        (keys.add(Key::new(k.clone())).expect("valid key"), k)
+    };
+    let job = |id: KeyId| {
+        Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            id,
+            [7; 16],
+            vec![9; 64],
+        )
+    };
+    let mut full = Vec::new();
+    let mut first = None;
+    for l in 0..LANES_TO_FILL {
+        let mut lane = engine.open_lane(l).expect("lane opens");
+        for i in 0..KEYS_PER_LANE {
+            let (id, k) = key(l, i);
+            check(
+                &mut *lane,
+                &keys,
+                &job(id),
+                &k,
+                &format!("lane {l} key {i}"),
+            );
+            first.get_or_insert((id, k));
+        }
+        full.push(lane);
+    }
+    let mut last = engine.open_lane(LANES_TO_FILL).expect("lane opens");
+    let (id, k) = key(LANES_TO_FILL, 0);
+    let mut out = JobOutput::default();
+    match last.run(&job(id), &keys, &mut out) {
+        Err(Error::EngineBusy { reason, .. }) => {
+            eprintln!("full device: {reason}");
+            assert!(reason.contains("no more sessions"), "{reason}");
+        }
+        other => panic!("a job on a full device: {other:?}, not EngineBusy"),
+    }
+    let (first_id, first_key) = first.expect("a key was used");
+    check(
+        &mut *full[0],
+        &keys,
+        &job(first_id),
+        &first_key,
+        "a filling lane after the busy job",
+    );
+    drop(full.pop());
+    check(&mut *last, &keys, &job(id), &k, "after a lane closed");
 }
