@@ -7,6 +7,11 @@ mod gcm;
 mod multibuf;
 mod parallel;
 mod select;
+#[cfg(target_arch = "x86_64")]
+mod vaes;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "cpu/vaes_none.rs"]
+mod vaes;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -155,6 +160,10 @@ pub struct CpuEngine {
     pinned: bool,
     /// The multi-buffer width set by [`CpuEngine::multibuffer`], or `None` to measure.
     chains: Option<usize>,
+    /// Whether lockstep groups run through VAES-512 (`vaes.rs`), if set; unset, a
+    /// measured width comes with its measured choice and a fixed one uses VAES-512
+    /// wherever the CPU has it.
+    vaes: Option<bool>,
     parallel: BlockParallel,
     /// Which implementation runs CTR and CBC decryption, measured once per process and
     /// shared by every engine left to measure.
@@ -182,6 +191,7 @@ impl CpuEngine {
             lanes: lanes.max(1),
             pinned: false,
             chains: None,
+            vaes: None,
             parallel: BlockParallel::Auto,
             select: select::Selection::new(None),
         }
@@ -205,6 +215,14 @@ impl CpuEngine {
     /// engine measures the fastest of [`CHAIN_WIDTHS`] at first use.
     pub fn multibuffer(mut self, chains: usize) -> Self {
         self.chains = Some(chains.clamp(1, MAX_CHAINS));
+        self
+    }
+
+    /// Sets whether lockstep CBC runs through VAES-512 where the CPU has it (`true`)
+    /// or through the `aes` crate's backend one block per call (`false`). Unset, the
+    /// engine uses the measured choice (see [`CpuEngine::multibuffer`]).
+    pub fn lockstep_vaes(mut self, on: bool) -> Self {
+        self.vaes = Some(on);
         self
     }
 
@@ -240,6 +258,17 @@ impl CpuEngine {
         }
     }
 
+    /// Whether lanes run lockstep groups through VAES-512: as configured, else the
+    /// measured choice for a measured width (measuring now if no lane has yet), else
+    /// wherever the CPU has it. [`CpuLane::run_multibuf`] decides the same way.
+    fn uses_vaes(&self) -> bool {
+        match (self.width(), self.vaes) {
+            (_, Some(on)) => on && vaes::available(),
+            (Width::Measured, None) => self.select.chains().vaes,
+            (Width::Fixed(_), None) => vaes::available(),
+        }
+    }
+
     /// The lockstep width as lanes hold it: a measured width stays unmeasured until
     /// the first batch that runs in lockstep, so a process that never encrypts CBC
     /// in batches never pays for the probe.
@@ -271,8 +300,10 @@ impl CpuEngine {
             contexts: Vec::new(),
             cbc_chains: Vec::new(),
             aes_keys: Vec::new(),
+            vaes_keys: Vec::new(),
             gcm_keys: Vec::new(),
             width: self.width(),
+            vaes: self.vaes,
             select: Arc::clone(&self.select),
             ctr_scratch: None,
             core: self.pinned.then(|| core_for_lane(index)).flatten(),
@@ -342,10 +373,12 @@ impl Engine for CpuEngine {
                                 let why = self
                                     .multibuffer_choice()
                                     .map_or_else(String::new, |c| format!(" ({c})"));
-                                format!(
-                                    "; batches: {chains}-way multi-buffer, aes crate ({}){why}",
-                                    aes_backend()
-                                )
+                                let unit = if self.uses_vaes() {
+                                    "VAES-512 lockstep".to_string()
+                                } else {
+                                    format!("aes crate ({})", aes_backend())
+                                };
+                                format!("; batches: {chains}-way multi-buffer, {unit}{why}")
                             } else {
                                 String::new()
                             };
@@ -478,6 +511,11 @@ pub struct CpuLane {
     /// Expanded keys per (key, size), most recently used first (a list for the same
     /// reason as `contexts`); zeroized on drop by the `aes` crate.
     aes_keys: Vec<((KeyId, KeySize), multibuf::AesKey)>,
+    /// VAES-512 key schedules per (key, size) for lockstep CBC, most recently used
+    /// first; zeroized on drop (`vaes.rs`).
+    vaes_keys: Vec<((KeyId, KeySize), vaes::RoundKeys)>,
+    /// Whether lockstep CBC runs through VAES-512, if configured.
+    vaes: Option<bool>,
     /// `ring` GCM key schedules per (key, size), most recently used first; zeroed on
     /// drop (`gcm.rs`).
     gcm_keys: Vec<((KeyId, KeySize), gcm::GcmKey)>,
@@ -805,11 +843,19 @@ impl CpuLane {
                 out: k,
             }
         });
-        let width = match self.width {
-            Width::Fixed(width) => width,
-            Width::Measured => self.select.chains().chains,
+        let (width, use_vaes) = match (self.width, self.vaes) {
+            (Width::Fixed(width), vaes) => (width, vaes.unwrap_or_else(vaes::available)),
+            (Width::Measured, vaes) => {
+                let choice = self.select.chains();
+                (choice.chains, vaes.unwrap_or(choice.vaes))
+            }
         };
-        multibuf::encrypt_cbc(key, width, chains, outs);
+        let vaes_key = if use_vaes {
+            vaes_key(&mut self.vaes_keys, first.key, first.cipher, keys)
+        } else {
+            None
+        };
+        multibuf::encrypt_cbc(key, vaes_key, width, chains, outs);
         for &k in group {
             results[k] = Ok(());
         }
@@ -899,6 +945,29 @@ fn aes_key<'c>(
         })?
     })?;
     Ok(key)
+}
+
+/// The VAES-512 key schedule for `id` at `cipher`'s key size from a lane's cache
+/// (most recently used first), made on first use; `None` where the CPU has no
+/// VAES-512 or the key is gone (the `aes` crate's key, looked up first, reports that).
+fn vaes_key<'c>(
+    cache: &'c mut Vec<((KeyId, KeySize), vaes::RoundKeys)>,
+    id: KeyId,
+    cipher: Cipher,
+    keys: &KeyStore,
+) -> Option<&'c vaes::RoundKeys> {
+    // Only the `Some`/`None` is kept: a key of the wrong length was reported by
+    // `aes_key`, and a CPU without VAES-512 runs the crate's path instead.
+    let key = most_recent(cache, (id, cipher.key_size), || {
+        keys.with_key(id, |key| {
+            vaes::RoundKeys::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
+                cipher,
+                expected: cipher.key_len(),
+                got: key.len(),
+            })
+        })?
+    });
+    key.ok().map(|k| &*k)
 }
 
 /// The value for `id` in a most-recently-used-first list, moved to the front, or made

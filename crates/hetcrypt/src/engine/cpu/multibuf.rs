@@ -10,8 +10,11 @@
 //! OpenSSL's.
 //!
 //! Hand-written loop, not a crate: no RustCrypto mode crate interleaves *several* CBC
-//! messages (the `cbc` crate runs one chain), and the interleaving needs no intrinsics
-//! of ours — the `aes` crate picks AES-NI or VAES at run time and does every block.
+//! messages (the `cbc` crate runs one chain). Groups of chains run either through the
+//! `aes` crate's backend one block per call (AES-NI, or its software AES), or, where
+//! the CPU has VAES-512 and the width probe measured it faster, four chains to a
+//! 512-bit register through `vaes.rs` (about 1.7-1.9x the crate's path on the AMD
+//! EPYC host).
 
 use aes::cipher::typenum::Unsigned;
 use aes::cipher::{
@@ -19,6 +22,7 @@ use aes::cipher::{
 };
 use aes::{Aes128, Aes192, Aes256};
 
+use super::vaes::{self, RoundKeys as VaesKeys};
 use crate::cipher::{KeySize, BLOCK_LEN};
 use crate::job::JobOutput;
 
@@ -72,11 +76,13 @@ pub(crate) struct Chain<'a> {
 /// nor one block, or its `out` is outside `outs` (caller bugs).
 pub(crate) fn encrypt_cbc<'a>(
     key: &AesKey,
+    vaes: Option<&VaesKeys>,
     width: usize,
     chains: impl Iterator<Item = Chain<'a>>,
     outs: &mut [JobOutput],
 ) {
     let run = Lockstep {
+        vaes,
         width: width.clamp(1, MAX_CHAINS),
         chains,
         outs,
@@ -90,17 +96,19 @@ pub(crate) fn encrypt_cbc<'a>(
 
 /// The lockstep loop, run inside the `aes` crate's backend (so the backend is chosen
 /// and its round keys loaded once per batch, not per block).
-struct Lockstep<'o, I> {
+struct Lockstep<'o, 'k, I> {
+    /// VAES-512 round keys where groups of four or more chains run through `vaes.rs`.
+    vaes: Option<&'k VaesKeys>,
     width: usize,
     chains: I,
     outs: &'o mut [JobOutput],
 }
 
-impl<I> BlockSizeUser for Lockstep<'_, I> {
+impl<I> BlockSizeUser for Lockstep<'_, '_, I> {
     type BlockSize = aes::cipher::consts::U16;
 }
 
-impl<'a, I: Iterator<Item = Chain<'a>>> BlockCipherEncClosure for Lockstep<'_, I> {
+impl<'a, I: Iterator<Item = Chain<'a>>> BlockCipherEncClosure for Lockstep<'_, '_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(mut self, backend: &B) {
         // Active chains live in slots 0..n: running CBC state (IV, then the last
@@ -167,11 +175,14 @@ impl<'a, I: Iterator<Item = Chain<'a>>> BlockCipherEncClosure for Lockstep<'_, I
                     &mut dst[first..n],
                     &written[first..n],
                 );
-                first += match rest {
-                    16.. => run_group::<B, 16>(backend, state, src, dst, written, steps),
-                    8.. => run_group::<B, 8>(backend, state, src, dst, written, steps),
-                    4.. => run_group::<B, 4>(backend, state, src, dst, written, steps),
-                    2.. => run_group::<B, 2>(backend, state, src, dst, written, steps),
+                first += match (rest, self.vaes) {
+                    (16.., Some(k)) => run_vaes::<4>(k, state, src, dst, written, steps),
+                    (8.., Some(k)) => run_vaes::<2>(k, state, src, dst, written, steps),
+                    (4.., Some(k)) => run_vaes::<1>(k, state, src, dst, written, steps),
+                    (16.., None) => run_group::<B, 16>(backend, state, src, dst, written, steps),
+                    (8.., None) => run_group::<B, 8>(backend, state, src, dst, written, steps),
+                    (4.., None) => run_group::<B, 4>(backend, state, src, dst, written, steps),
+                    (2.., _) => run_group::<B, 2>(backend, state, src, dst, written, steps),
                     _ => run_group::<B, 1>(backend, state, src, dst, written, steps),
                 };
             }
@@ -236,6 +247,34 @@ fn run_group<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>, con
     N
 }
 
+/// [`run_group`] for `4 Z` chains through VAES-512 (`vaes.rs`). Returns `4 Z`.
+#[inline(always)]
+fn run_vaes<const Z: usize>(
+    keys: &VaesKeys,
+    state: &mut [Block],
+    src: &[&[u8]],
+    dst: &mut [Vec<u8>],
+    written: &[usize],
+    steps: usize,
+) -> usize {
+    let n = 4 * Z;
+    let len = steps * BLOCK_LEN;
+    let mut st = [[0u8; BLOCK_LEN]; MAX_CHAINS];
+    for (s, b) in st.iter_mut().zip(&state[..n]) {
+        *s = b.0;
+    }
+    let mut outs = dst.iter_mut().zip(written);
+    let mut output: [&mut [u8]; MAX_CHAINS] = std::array::from_fn(|_| match outs.next() {
+        Some((d, &w)) => &mut d[w..w + len],
+        None => &mut [][..],
+    });
+    vaes::run_group::<Z>(keys, &mut st[..n], &src[..n], &mut output[..n], len);
+    for (b, s) in state[..n].iter_mut().zip(&st) {
+        *b = Block::from(*s);
+    }
+    n
+}
+
 /// Encrypts `N` independent blocks in place: through the backend's interleaved path
 /// when `N` is a multiple of its parallel width (AES-NI: 8), else one call per block —
 /// each independent of the others, so with `N` known at compile time the calls unroll
@@ -256,6 +295,102 @@ fn encrypt_all<B: BlockCipherEncBackend<BlockSize = aes::cipher::consts::U16>, c
     } else {
         for b in blocks.iter_mut() {
             backend.encrypt_block_inplace(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic test bytes (a xorshift stream), so a failure reproduces.
+    fn bytes(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Runs `inputs` through the lockstep at `width`, on the crate's backend or VAES.
+    fn run(
+        size: KeySize,
+        key: &[u8],
+        inputs: &[Vec<u8>],
+        width: usize,
+        vaes: bool,
+    ) -> Vec<Vec<u8>> {
+        let aes = AesKey::new(size, key).unwrap();
+        let rk = vaes.then(|| VaesKeys::new(size, key).unwrap());
+        let mut outs = vec![JobOutput::default(); inputs.len()];
+        let chains = inputs.iter().enumerate().map(|(k, input)| Chain {
+            blocks: input,
+            last: &[],
+            iv: [k as u8; BLOCK_LEN],
+            out: k,
+        });
+        encrypt_cbc(&aes, rk.as_ref(), width, chains, &mut outs);
+        outs.into_iter().map(|o| o.data).collect()
+    }
+
+    #[test]
+    fn vaes_lockstep_matches_the_crates_at_every_width_and_key_size() {
+        if !vaes::available() {
+            eprintln!("skipped: this CPU has no VAES-512");
+            return;
+        }
+        for size in KeySize::ALL {
+            let key = bytes(size.key_len() as u64, size.key_len());
+            // 37 chains of 0..=40 blocks: groups of 16, 8, 4, 2 and 1 all run, and
+            // chains leave and join mid-run.
+            let inputs: Vec<Vec<u8>> = (0..37)
+                .map(|k| bytes(k + 100, (k as usize * 7 % 41) * BLOCK_LEN))
+                .collect();
+            for width in [4, 8, 16] {
+                let want = run(size, &key, &inputs, width, false);
+                assert_eq!(
+                    run(size, &key, &inputs, width, true),
+                    want,
+                    "{size:?} width {width}"
+                );
+            }
+        }
+    }
+
+    /// Not a test: times 16-chain lockstep on 1 KiB messages, crate vs VAES.
+    /// `cargo test --release -p hetcrypt vaes_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn vaes_speed() {
+        let key = bytes(7, 16);
+        let aes = AesKey::new(KeySize::Aes128, &key).unwrap();
+        let rk = VaesKeys::new(KeySize::Aes128, &key);
+        let inputs: Vec<Vec<u8>> = (0..128).map(|k| bytes(k + 1, 1024)).collect();
+        let mut outs = vec![JobOutput::default(); inputs.len()];
+        for round in 0..5 {
+            for vaes in [false, true] {
+                let start = std::time::Instant::now();
+                for _ in 0..50 {
+                    for (c, o) in inputs.chunks(16).zip(outs.chunks_mut(16)) {
+                        let chains = c.iter().enumerate().map(|(k, input)| Chain {
+                            blocks: input,
+                            last: &[],
+                            iv: [k as u8; BLOCK_LEN],
+                            out: k,
+                        });
+                        encrypt_cbc(&aes, rk.as_ref().filter(|_| vaes), 16, chains, o);
+                    }
+                }
+                let secs = start.elapsed().as_secs_f64();
+                println!(
+                    "round {round} vaes {vaes}: {:.2} GB/s",
+                    50.0 * 128.0 * 1024.0 / secs / 1e9
+                );
+            }
         }
     }
 }

@@ -71,6 +71,11 @@ const WIDTH_PROBE_SIZE: usize = 1024;
 /// where AES instructions are slow (an emulated guest's).
 const WIDTH_PROBE_JOBS: usize = 128;
 
+/// Widths the probe also times through VAES-512 (`vaes.rs`), where the CPU has it:
+/// two and four 512-bit registers of chains. One register (4 chains) leaves the AES
+/// unit waiting on each instruction's latency.
+const VAES_WIDTHS: [usize; 2] = [8, 16];
+
 /// Timed rounds per width, in rotating order; the best counts. More than [`ROUNDS`]:
 /// the widths differ by a few percent, the implementations by tens.
 const WIDTH_ROUNDS: usize = 5;
@@ -254,23 +259,58 @@ fn size_name(size: usize) -> String {
 pub struct ChainsChoice {
     /// The width lanes use.
     pub chains: usize,
-    /// (width, bytes per second) for each width tried, narrowest first; empty if the
-    /// probe could not run and the width is [`super::DEFAULT_CHAINS`].
+    /// Whether lockstep groups run through VAES-512 (`vaes.rs`) rather than the `aes`
+    /// crate's backend one block per call.
+    pub vaes: bool,
+    /// (width, bytes per second) for each width tried on the `aes` crate's backend,
+    /// narrowest first; empty if the probe could not run and the width is
+    /// [`super::DEFAULT_CHAINS`].
     pub probes: Vec<(usize, f64)>,
+    /// The same through VAES-512, empty where the CPU has none.
+    pub vaes_probes: Vec<(usize, f64)>,
 }
 
 impl ChainsChoice {
     /// The widest width within [`WIDTH_TOLERANCE`] of the fastest (`probes` run from
     /// narrow to wide).
     pub fn from_probes(probes: Vec<(usize, f64)>) -> Self {
-        let best = probes.iter().map(|&(_, r)| r).fold(0.0, f64::max);
-        let chains = probes
-            .iter()
-            .rev()
-            .find(|&&(_, r)| r * WIDTH_TOLERANCE >= best)
-            .map_or(super::DEFAULT_CHAINS, |&(w, _)| w);
-        ChainsChoice { chains, probes }
+        let chains = widest_near_best(&probes).map_or(super::DEFAULT_CHAINS, |(w, _)| w);
+        ChainsChoice {
+            chains,
+            vaes: false,
+            probes,
+            vaes_probes: Vec::new(),
+        }
     }
+
+    /// Adds the VAES-512 widths' figures, and takes VAES-512's width (by the same rule)
+    /// where it ran faster than the crate's chosen width.
+    pub fn with_vaes(mut self, vaes_probes: Vec<(usize, f64)>) -> Self {
+        let crate_rate = self
+            .probes
+            .iter()
+            .find(|&&(w, _)| w == self.chains)
+            .map_or(0.0, |&(_, r)| r);
+        if let Some((w, r)) = widest_near_best(&vaes_probes) {
+            if r > crate_rate {
+                self.chains = w;
+                self.vaes = true;
+            }
+        }
+        self.vaes_probes = vaes_probes;
+        self
+    }
+}
+
+/// The widest (width, rate) within [`WIDTH_TOLERANCE`] of the fastest (`probes` run
+/// from narrow to wide), if any.
+fn widest_near_best(probes: &[(usize, f64)]) -> Option<(usize, f64)> {
+    let best = probes.iter().map(|&(_, r)| r).fold(0.0, f64::max);
+    probes
+        .iter()
+        .rev()
+        .find(|&&(_, r)| r * WIDTH_TOLERANCE >= best)
+        .copied()
 }
 
 impl fmt::Display for ChainsChoice {
@@ -280,9 +320,19 @@ impl fmt::Display for ChainsChoice {
             return f.write_str("the default width, not measured");
         }
         f.write_str("measured")?;
-        for (i, (w, r)) in self.probes.iter().rev().enumerate() {
-            let sep = if i == 0 { " " } else { ", " };
+        let mut sep = " ";
+        if !self.vaes_probes.is_empty() {
+            f.write_str(" VAES-512")?;
+            for (w, r) in self.vaes_probes.iter().rev() {
+                write!(f, "{sep}{w}-way {}", rate_name(*r))?;
+                sep = ", ";
+            }
+            f.write_str("; aes crate")?;
+            sep = " ";
+        }
+        for (w, r) in self.probes.iter().rev() {
             write!(f, "{sep}{w}-way {}", rate_name(*r))?;
+            sep = ", ";
         }
         write!(f, " on {} jobs", size_name(WIDTH_PROBE_SIZE))
     }
@@ -476,13 +526,24 @@ fn measure_chains() -> ChainsChoice {
             )
         })
         .collect();
-    let mut lanes: Vec<(usize, super::CpuLane)> = CHAIN_WIDTHS
+    // (width, VAES-512, lane): the crate's backend at every width, then VAES-512's
+    // widths where the CPU has it.
+    let vaes_widths: &[usize] = if super::vaes::available() {
+        &VAES_WIDTHS
+    } else {
+        &[]
+    };
+    let candidates = CHAIN_WIDTHS
         .iter()
-        .map(|&w| {
+        .map(|&w| (w, false))
+        .chain(vaes_widths.iter().map(|&w| (w, true)));
+    let mut lanes: Vec<(usize, bool, super::CpuLane)> = candidates
+        .map(|(w, vaes)| {
             let engine = CpuEngine::with_lanes(1)
                 .block_parallel(BlockParallel::On)
-                .multibuffer(w);
-            (w, engine.lane(0))
+                .multibuffer(w)
+                .lockstep_vaes(vaes);
+            (w, vaes, engine.lane(0))
         })
         .collect();
     let mut outs = vec![JobOutput::default(); WIDTH_PROBE_JOBS];
@@ -498,7 +559,7 @@ fn measure_chains() -> ChainsChoice {
     for round in 0..=WIDTH_ROUNDS {
         for k in 0..lanes.len() {
             let k = (k + round) % lanes.len();
-            let (_, lane) = &mut lanes[k];
+            let (_, _, lane) = &mut lanes[k];
             let start = Instant::now();
             for ((refs, outs), results) in pulls
                 .iter()
@@ -516,13 +577,15 @@ fn measure_chains() -> ChainsChoice {
         }
     }
     let bytes = (WIDTH_PROBE_JOBS * WIDTH_PROBE_SIZE) as f64;
-    ChainsChoice::from_probes(
+    let rates = |vaes: bool| -> Vec<(usize, f64)> {
         lanes
             .iter()
-            .zip(best)
-            .map(|((w, _), d)| (*w, bytes / d.as_secs_f64().max(f64::MIN_POSITIVE)))
-            .collect(),
-    )
+            .zip(&best)
+            .filter(|((_, v, _), _)| *v == vaes)
+            .map(|((w, _, _), d)| (*w, bytes / d.as_secs_f64().max(f64::MIN_POSITIVE)))
+            .collect()
+    };
+    ChainsChoice::from_probes(rates(false)).with_vaes(rates(true))
 }
 
 /// A one-lane `cpu` lane that always uses `implementation` for the block-parallel
