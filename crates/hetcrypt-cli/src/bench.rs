@@ -230,6 +230,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (total_sizes * policies.len()) as u64 * u64::from(args.reps),
     );
     let mut sizes: Vec<SizeResult> = Vec::new();
+    // The policy of the last timed run, recorded with the next one.
+    let mut previous: Option<String> = None;
     for (index, input) in inputs.into_iter().enumerate() {
         let size = input.size;
         let plaintexts = input.files()?;
@@ -249,7 +251,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             // tiny jobs that take 2 ms in the testbed. Seeded by round, so a rerun takes
             // the same orders. The seed takes the size too: with few rounds, orders seeded
             // by round alone put a policy after the same neighbour at every size.
-            for i in round_order(policies.len(), index, rep, args.order_seed) {
+            for (position, i) in round_order(policies.len(), index, rep, args.order_seed)
+                .into_iter()
+                .enumerate()
+            {
                 std::thread::sleep(std::time::Duration::from_millis(args.settle));
                 let (name, policy) = &policies[i];
                 bar.set_message(format!(
@@ -266,9 +271,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                          would mix two machines, so the bench stops"
                     );
                 }
-                runs.entry(i)
-                    .or_default()
-                    .push(Run::new(batch.report, policy.learned()));
+                let after = previous.replace(name.clone());
+                runs.entry(i).or_default().push(Run::new(
+                    batch.report,
+                    policy.learned(),
+                    position,
+                    after,
+                ));
                 bar.inc(1);
             }
         }

@@ -110,6 +110,26 @@ fn json_has_tables_for_every_size_and_policy() {
                 .sum();
             assert_eq!(done, 12, "every file is done exactly once");
         }
+        // Each round's runs take the places 0..n once, and each run names the policy
+        // timed at the place before it in that round.
+        for round in 0..REPS {
+            let mut by_place: Vec<(u64, &serde_json::Value, &serde_json::Value)> = results
+                .iter()
+                .map(|r| {
+                    let run = &r["runs"][round];
+                    (run["position"].as_u64().unwrap(), run, &r["policy"])
+                })
+                .collect();
+            by_place.sort_by_key(|&(place, _, _)| place);
+            let places: Vec<u64> = by_place.iter().map(|&(place, _, _)| place).collect();
+            assert_eq!(places, (0..results.len() as u64).collect::<Vec<_>>());
+            for pair in by_place.windows(2) {
+                assert_eq!(&pair[1].1["after"], pair[0].2, "round {round}");
+            }
+            if round > 0 {
+                assert!(by_place[0].1["after"].is_string(), "round {round}");
+            }
+        }
         let cpu = &results[0];
         assert_eq!(cpu["policy"], "only:cpu");
         assert_eq!(cpu["jobs_per_engine"]["cpu"], 12);

@@ -109,6 +109,16 @@ pub struct Run {
     /// placed jobs oddly can be traced to the estimate behind it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub learned: Option<Vec<LearnedCost>>,
+    /// Its place in its round's order (0: first): with [`Run::after`], what pooled
+    /// runs need to tell a policy's cost from its neighbours' aftermath.
+    pub position: usize,
+    /// The policy timed just before it (the previous round's or size's last for a
+    /// round's first; none for the bench's first timed run). What a neighbour leaves
+    /// behind weighs on the run after it: in the quiet sittings of the sixteenth
+    /// session, a module-only run after another took ~9% longer than after a policy
+    /// that used the cpu (docs/results.md, seventeenth session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 impl PolicyResult {
@@ -142,12 +152,20 @@ impl PolicyResult {
 }
 
 impl Run {
-    /// A run from its report, and what its policy had learned by its end.
-    pub fn new(report: Report, learned: Option<Vec<LearnedCost>>) -> Self {
+    /// A run from its report, what its policy had learned by its end, its place in its
+    /// round and the policy timed before it.
+    pub fn new(
+        report: Report,
+        learned: Option<Vec<LearnedCost>>,
+        position: usize,
+        after: Option<String>,
+    ) -> Self {
         Run {
             wall_s: duration_s(report.wall),
             report,
             learned,
+            position,
+            after,
         }
     }
 }
