@@ -6,7 +6,8 @@
 //! batch under the policy, hand every output back to its stream in order, finish the
 //! streams whose last chunk came back, repeat. Rounds overlap: while the engines run
 //! one batch, the streams write the previous batch's outputs and read the next
-//! batch's inputs, so reading, encrypting and writing go on at once. A stream that fails (bad header, bad
+//! batch's inputs, so reading, encrypting and writing go on at once (a batch of small
+//! messages runs on one lane: see [`IN_LINE_MESSAGE_BYTES`]). A stream that fails (bad header, bad
 //! chunk, I/O error) is finished with its error; the others go on.
 //!
 //! One dispatcher serves the whole run, so its lanes (and a device's sessions) stay
@@ -30,6 +31,15 @@ use crate::error::{FormatError, Result};
 /// so the batch's start and join cost is amortised; small enough for the 512 MiB
 /// boards the seeds target.
 pub const WINDOW_CHUNKS: usize = 256;
+
+/// A batch whose jobs hold at most this many input bytes per message on average (two
+/// chunks) runs on one lane, in-line on the engines' thread, without starting lane
+/// threads (see [`Dispatcher::run_reusing_in_line`]): its messages are small files,
+/// each costing more to open, read, make and name than to encrypt, and that work keeps
+/// the other cores busy. A large file's batches (one message each) still run on every
+/// lane. On the 4,000 x 16 KiB tmpfs tree: 11% less CPU time (145 against 164 ms,
+/// medians of 9 alternating runs, load 9).
+pub const IN_LINE_MESSAGE_BYTES: usize = 2 * crate::CHUNK_SIZE;
 
 /// Windows in memory at once: one being read, one on the engines, one being written
 /// (the one being read and the one being written are the streams' buffers, the one on
@@ -166,6 +176,16 @@ struct Slot<S> {
 struct Batch {
     jobs: Vec<Job>,
     owners: Vec<u64>,
+}
+
+impl Batch {
+    /// Whether its messages are small: at most [`IN_LINE_MESSAGE_BYTES`] of input per
+    /// message on average.
+    fn of_small_messages(&self) -> bool {
+        let messages = 1 + self.owners.windows(2).filter(|w| w[0] != w[1]).count();
+        let bytes: usize = self.jobs.iter().map(|j| j.input.len()).sum();
+        bytes <= messages.saturating_mul(IN_LINE_MESSAGE_BYTES)
+    }
 }
 
 /// Runs streams through a dispatcher in bounded windows.
@@ -382,7 +402,8 @@ impl<'p> Pipeline<'p> {
     /// Batches overlap the streams' I/O: while the engines run batch *n* (on the run's
     /// one engines thread, its lanes on theirs), this thread writes the outputs of batch
     /// *n - 1* and reads the inputs of batch *n + 1*. So at most [`IN_FLIGHT_WINDOWS`]
-    /// windows of inputs and as many of outputs are in memory.
+    /// windows of inputs and as many of outputs are in memory. A batch of small messages
+    /// runs on one lane, on the engines thread itself (see [`IN_LINE_MESSAGE_BYTES`]).
     pub fn run<S: Stream>(
         &mut self,
         streams: impl IntoIterator<Item = S>,
@@ -409,7 +430,11 @@ impl<'p> Pipeline<'p> {
             let (ran_tx, ran) = mpsc::sync_channel::<RanBatch>(1);
             let mut engines = Some(scope.spawn(move || {
                 for (batch, reuse) in batches {
-                    let result = dispatcher.run_reusing(&batch.jobs, policy, reuse);
+                    let result = if batch.of_small_messages() {
+                        dispatcher.run_reusing_in_line(&batch.jobs, policy, reuse)
+                    } else {
+                        dispatcher.run_reusing(&batch.jobs, policy, reuse)
+                    };
                     if ran_tx.send((batch, result)).is_err() {
                         return;
                     }
@@ -468,5 +493,63 @@ impl<'p> Pipeline<'p> {
         }
         flight.remove_keys(&self.dispatcher);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Aead, EncryptStream, SealParams, CHUNK_SIZE};
+    use hetcrypt::engine::cpu::CpuEngine;
+
+    /// Lanes each batch ran on, and the messages that went through.
+    #[derive(Default)]
+    struct Lanes {
+        per_batch: Vec<usize>,
+        ok: usize,
+    }
+
+    impl<S> Observer<S> for Lanes {
+        fn done(&mut self, _stream: S, result: Result<()>) {
+            result.unwrap();
+            self.ok += 1;
+        }
+        fn batch(&mut self, report: &Report) {
+            self.per_batch.push(report.engines[0].lanes.len());
+        }
+    }
+
+    /// Lanes per batch of a run of `messages` messages of `len` bytes each, on a
+    /// two-lane `cpu` engine.
+    fn lanes_per_batch(messages: usize, len: usize) -> Vec<usize> {
+        let pts: Vec<Vec<u8>> = (0..messages).map(|i| vec![i as u8; len]).collect();
+        let key = [7u8; 16];
+        let streams = pts.iter().map(|pt| {
+            EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm))
+        });
+        let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+        let policy = hetcrypt::policy::Pull;
+        let mut lanes = Lanes::default();
+        Pipeline::new(engines, &policy)
+            .unwrap()
+            .window(16)
+            .run(streams, &mut lanes)
+            .unwrap();
+        assert_eq!(lanes.ok, messages);
+        lanes.per_batch
+    }
+
+    #[test]
+    fn batches_of_small_messages_run_on_one_lane_and_a_large_message_on_every_lane() {
+        let small = lanes_per_batch(40, CHUNK_SIZE);
+        assert!(
+            small.len() >= 4 && small.iter().all(|&l| l == 1),
+            "{small:?}"
+        );
+        let large = lanes_per_batch(1, 40 * CHUNK_SIZE);
+        assert!(
+            large.len() >= 2 && large.iter().all(|&l| l == 2),
+            "{large:?}"
+        );
     }
 }
