@@ -7,8 +7,9 @@
 //! streams whose last chunk came back, repeat. Rounds overlap: while the engines run
 //! one batch, the streams write the previous batch's outputs and read the next
 //! batch's inputs, so reading, encrypting and writing go on at once (a batch of small
-//! messages runs on one lane: see [`IN_LINE_MESSAGE_BYTES`]). A stream that fails (bad header, bad
-//! chunk, I/O error) is finished with its error; the others go on.
+//! messages runs in-line on the reading thread: see [`IN_LINE_MESSAGE_BYTES`]). A
+//! stream that fails (bad header, bad chunk, I/O error) is finished with its error; the
+//! others go on.
 //!
 //! One dispatcher serves the whole run, so its lanes (and a device's sessions) stay
 //! open: each finished message's key is removed from it, which also drops the lanes'
@@ -33,12 +34,14 @@ use crate::error::{FormatError, Result};
 pub const WINDOW_CHUNKS: usize = 256;
 
 /// A batch whose jobs hold at most this many input bytes per message on average (two
-/// chunks) runs on one lane, in-line on the engines' thread, without starting lane
-/// threads (see [`Dispatcher::run_reusing_in_line`]): its messages are small files,
-/// each costing more to open, read, make and name than to encrypt, and that work keeps
-/// the other cores busy. A large file's batches (one message each) still run on every
-/// lane. On the 4,000 x 16 KiB tmpfs tree: 11% less CPU time (145 against 164 ms,
-/// medians of 9 alternating runs, load 9).
+/// chunks) runs on the pipeline's own thread, on one lane, in-line, after the batch
+/// before (see [`Dispatcher::run_reusing_in_line`]): its messages are small files, each
+/// costing more to open, read, make and name than to encrypt, and that work keeps the
+/// other cores busy. Handed to the engines' thread, such a batch cost two lane threads'
+/// starts and joins, and the reading thread then waited for it behind the writers
+/// (16-35 ms of a 4,000 x 16 KiB tree's run). A large file's batches (one message each)
+/// still run beside the reading, on every lane; with several engines or a device, every
+/// batch does.
 pub const IN_LINE_MESSAGE_BYTES: usize = 2 * crate::CHUNK_SIZE;
 
 /// Windows in memory at once: one being read, one on the engines, one being written
@@ -297,6 +300,28 @@ impl<S: Stream, I: Iterator<Item = S>> Flight<S, I> {
         batch
     }
 
+    /// A batch that ran: its report counted and told, its outputs handed back to their
+    /// streams (their buffers kept in `spare`), its input buffers kept for reading into.
+    fn land(
+        &mut self,
+        batch: Batch,
+        result: BatchResult,
+        window: usize,
+        spare: &mut Vec<JobOutput>,
+        stats: &mut Stats,
+        observer: &mut impl Observer<S>,
+    ) {
+        stats.add(&result.report);
+        observer.batch(&result.report);
+        self.accept(&batch.owners, result.outputs, spare);
+        for job in batch.jobs {
+            // An empty last chunk may own no memory: nothing to reuse.
+            if self.inputs.len() < window && job.input.capacity() > 0 {
+                self.inputs.push(job.input);
+            }
+        }
+    }
+
     /// Hands a batch's outputs back to their streams, in order.
     fn accept(
         &mut self,
@@ -403,7 +428,8 @@ impl<'p> Pipeline<'p> {
     /// one engines thread, its lanes on theirs), this thread writes the outputs of batch
     /// *n - 1* and reads the inputs of batch *n + 1*. So at most [`IN_FLIGHT_WINDOWS`]
     /// windows of inputs and as many of outputs are in memory. A batch of small messages
-    /// runs on one lane, on the engines thread itself (see [`IN_LINE_MESSAGE_BYTES`]).
+    /// runs on this thread instead, in-line, in turn with the reading (see
+    /// [`IN_LINE_MESSAGE_BYTES`]).
     pub fn run<S: Stream>(
         &mut self,
         streams: impl IntoIterator<Item = S>,
@@ -430,45 +456,50 @@ impl<'p> Pipeline<'p> {
             let (ran_tx, ran) = mpsc::sync_channel::<RanBatch>(1);
             let mut engines = Some(scope.spawn(move || {
                 for (batch, reuse) in batches {
-                    let result = if batch.of_small_messages() {
-                        dispatcher.run_reusing_in_line(&batch.jobs, policy, reuse)
-                    } else {
-                        dispatcher.run_reusing(&batch.jobs, policy, reuse)
-                    };
+                    let result = dispatcher.run_reusing(&batch.jobs, policy, reuse);
                     if ran_tx.send((batch, result)).is_err() {
                         return;
                     }
                 }
             }));
             let mut running = false;
+            let in_line = dispatcher.runs_in_line();
             loop {
                 // Read the next batch while the engines run the current one.
                 let next = flight.fill(dispatcher, window);
                 let mut done = finish_batch(&mut running, &ran, &mut engines)?;
                 // No batch runs now: the finished streams' keys can go.
                 flight.remove_keys(dispatcher);
+                let mut ran_here = None;
                 if !next.jobs.is_empty() {
-                    let reuse = std::mem::take(&mut spare);
-                    // The thread takes batches until this sender goes: the send fails
-                    // only if it panicked, which waiting for the batch then raises.
-                    let _ = to_engines.send((next, reuse));
-                    running = true;
+                    if in_line && next.of_small_messages() {
+                        // Small files: here, in-line, once the batch before is written
+                        // and the streams it completed are finished (should this batch
+                        // fail, they keep their results).
+                        if let Some((batch, result)) = done.take() {
+                            flight.land(batch, result, window, &mut spare, stats, observer);
+                        }
+                        flight.finish_ready(observer);
+                        let reuse = std::mem::take(&mut spare);
+                        let result = dispatcher.run_reusing_in_line(&next.jobs, policy, reuse)?;
+                        ran_here = Some((next, result));
+                    } else {
+                        // The thread takes batches until this sender goes: the send
+                        // fails only if it panicked, which waiting for the batch then
+                        // raises.
+                        let reuse = std::mem::take(&mut spare);
+                        let _ = to_engines.send((next, reuse));
+                        running = true;
+                    }
                 }
-                if !overlap {
+                if !overlap && running {
                     // In turn: this batch's outputs are written before more is read.
                     done = finish_batch(&mut running, &ran, &mut engines)?;
                 }
-                // Write the outputs of the batch that ran while the next one runs.
-                if let Some((batch, result)) = done {
-                    stats.add(&result.report);
-                    observer.batch(&result.report);
-                    flight.accept(&batch.owners, result.outputs, &mut spare);
-                    for job in batch.jobs {
-                        // An empty last chunk may own no memory: nothing to reuse.
-                        if flight.inputs.len() < window && job.input.capacity() > 0 {
-                            flight.inputs.push(job.input);
-                        }
-                    }
+                // Write the outputs of the batch that ran while the next one runs (or
+                // of the batch that ran here).
+                for (batch, result) in done.into_iter().chain(ran_here) {
+                    flight.land(batch, result, window, &mut spare, stats, observer);
                 }
                 flight.finish_ready(observer);
                 if !running && flight.active.is_empty() && !flight.more {
