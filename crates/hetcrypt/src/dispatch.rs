@@ -203,6 +203,46 @@ impl Dispatcher {
         Ok(BatchResult { outputs, report })
     }
 
+    /// Like [`Dispatcher::run_reusing`], on the calling thread where that is possible:
+    /// with one engine, working, whose lanes use the host's CPU and may run on any
+    /// thread (`cpu`), the batch runs on one of its lanes, in-line, and no lane thread
+    /// is started; otherwise exactly as [`Dispatcher::run_reusing`] (see
+    /// [`Dispatcher::runs_in_line`]).
+    ///
+    /// For batches that are a small part of their caller's work, such as the chunks of
+    /// a tree of small files, where opening, reading, making and naming each file cost
+    /// several times its encryption and keep the other cores busy: starting, waking and
+    /// joining lane threads for them cost more than spreading the batch saves.
+    pub fn run_reusing_in_line(
+        &self,
+        jobs: &[Job],
+        policy: &dyn Policy,
+        spare: Vec<JobOutput>,
+    ) -> Result<BatchResult> {
+        let mut outputs: Vec<Result<JobOutput>> = spare.into_iter().map(Ok).collect();
+        let report = self.run_on(jobs, policy, &mut outputs, self.in_line_engine())?;
+        Ok(BatchResult { outputs, report })
+    }
+
+    /// Whether [`Dispatcher::run_reusing_in_line`] runs a batch on the calling thread
+    /// (else it starts lane threads as [`Dispatcher::run_reusing`] does).
+    pub fn runs_in_line(&self) -> bool {
+        self.in_line_engine().is_some()
+    }
+
+    /// The engine a batch may run on in-line, on one lane: the only engine, if it has
+    /// not failed, uses the host's CPU and its lanes may run on any thread. With more
+    /// engines, or an offload device, the batch keeps its lanes (a device's requests
+    /// in flight are what make it fast).
+    fn in_line_engine(&self) -> Option<usize> {
+        let [engine] = &self.engines[..] else {
+            return None;
+        };
+        let alive = lock(&self.failed).first().is_some_and(Option::is_none);
+        (alive && engine.lanes() > 0 && engine.uses_host_cpu() && engine.runs_on_any_thread())
+            .then_some(0)
+    }
+
     /// Like [`Dispatcher::run_reusing`], with the whole output vector reused: on entry
     /// `outputs` holds whatever the caller is done with (typically the previous batch's
     /// outputs, errors included), whose buffers are written into as spares; on return
@@ -216,6 +256,18 @@ impl Dispatcher {
         jobs: &[Job],
         policy: &dyn Policy,
         outputs: &mut Vec<Result<JobOutput>>,
+    ) -> Result<Report> {
+        self.run_on(jobs, policy, outputs, None)
+    }
+
+    /// [`Dispatcher::run_into`] on every lane of every engine, or, with `one_lane`, on
+    /// the first lane of that engine only (the policy sees the others with no lanes).
+    fn run_on(
+        &self,
+        jobs: &[Job],
+        policy: &dyn Policy,
+        outputs: &mut Vec<Result<JobOutput>>,
+        one_lane: Option<usize>,
     ) -> Result<Report> {
         let _batch = self.batch_gate.read().unwrap_or_else(|e| e.into_inner());
         let failed_before: Vec<bool> = lock(&self.failed).iter().map(Option::is_some).collect();
@@ -242,7 +294,11 @@ impl Dispatcher {
             .map(|(i, e)| EngineMeta {
                 name: e.name().to_string(),
                 kind: self.kinds[i],
-                lanes: if failed_before[i] { 0 } else { e.lanes() },
+                lanes: match one_lane {
+                    _ if failed_before[i] => 0,
+                    None => e.lanes(),
+                    Some(only) => usize::from(only == i).min(e.lanes()),
+                },
                 max_batch: support
                     .iter()
                     .filter(|s| s.engines.contains(i))
@@ -1448,6 +1504,77 @@ mod tests {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
         }
         assert!(thread_cpu_time() > before, "{x}");
+    }
+
+    /// Jobs of every mode for `key`, of mixed lengths.
+    fn mixed_jobs(key: KeyId, n: usize) -> Vec<Job> {
+        use crate::{Cipher, Direction};
+        let ciphers = [
+            Cipher::AES_128_CBC,
+            Cipher::AES_128_CTR,
+            Cipher::AES_128_GCM,
+        ];
+        (0..n)
+            .map(|i| {
+                let cipher = ciphers[i % ciphers.len()];
+                let len = (i * 37 % 700) / 16 * 16;
+                let iv = [i as u8; 16];
+                Job::with_iv(
+                    cipher,
+                    Direction::Encrypt,
+                    key,
+                    &iv[..cipher.iv_len()],
+                    vec![i as u8; len],
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn in_line_runs_one_lane_of_a_lone_cpu_engine_with_the_same_outputs() {
+        use crate::engine::cpu::CpuEngine;
+        let d = Dispatcher::new(vec![CpuEngine::with_lanes(2).into_engine()]).unwrap();
+        assert!(d.runs_in_line());
+        let key = d.add_key(crate::Key::new(vec![0x24; 16])).unwrap();
+        let jobs = mixed_jobs(key, 300);
+        let spread = d.run(&jobs, &crate::policy::Pull).unwrap();
+        assert_eq!(spread.report.engines[0].lanes.len(), 2);
+        let spare = vec![
+            JobOutput {
+                data: vec![0xa5; 999],
+                tag: Some([1; 16])
+            };
+            40
+        ];
+        let here = d
+            .run_reusing_in_line(&jobs, &crate::policy::Pull, spare)
+            .unwrap();
+        let lanes = &here.report.engines[0].lanes;
+        assert_eq!(lanes.len(), 1, "in-line: one lane, on this thread");
+        assert_eq!((lanes[0].jobs, here.report.engines[0].jobs), (300, 300));
+        for (j, (a, b)) in spread.outputs.iter().zip(&here.outputs).enumerate() {
+            assert_eq!(a.as_ref().unwrap(), b.as_ref().unwrap(), "job {j}");
+        }
+    }
+
+    #[test]
+    fn in_line_keeps_every_lane_of_several_engines() {
+        use crate::engine::cpu::CpuEngine;
+        let d = Dispatcher::new(vec![
+            CpuEngine::with_lanes(1).named("a").into_engine(),
+            CpuEngine::with_lanes(2).named("b").into_engine(),
+        ])
+        .unwrap();
+        assert!(!d.runs_in_line());
+        let key = d.add_key(crate::Key::new(vec![0x25; 16])).unwrap();
+        let jobs = mixed_jobs(key, 300);
+        let ran = d
+            .run_reusing_in_line(&jobs, &crate::policy::Pull, Vec::new())
+            .unwrap();
+        let lanes: Vec<usize> = ran.report.engines.iter().map(|e| e.lanes.len()).collect();
+        assert_eq!(lanes, [1, 2]);
+        assert!(ran.outputs.iter().all(Result::is_ok));
     }
 
     /// A result that names its job, so the order can be checked.
