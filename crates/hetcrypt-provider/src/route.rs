@@ -505,7 +505,7 @@ impl Router {
                 };
                 if !cold && first_with_key {
                     // What a short-lived context (one TLS connection) pays here.
-                    self.calls.observe_module_cold(site, ns);
+                    self.calls.observe_module_cold(site, ns, cpu_ns);
                 } else if !cold {
                     self.calls.observe_module(site, ns);
                     // 0: the thread's clock could not be read (or did not move).

@@ -171,6 +171,11 @@ struct Estimate {
     /// key's first (a TLS connection's Finished record, one per connection) would
     /// otherwise never learn a cost and would check the module on every call.
     module_cold: AtomicU64,
+    /// The caller's CPU time in such a call (as `module_cpu` for steady calls): a
+    /// busy machine counts a keyed call by the CPU it takes too, or a 16 KiB record
+    /// that the module carries better even with its key set up (a handshake per
+    /// request in the loaded soft guest) would stay in-line.
+    module_cold_cpu: AtomicU64,
     /// The caller's CPU time per module call (system calls, copies), where reported;
     /// 0: not known, and the module's cost is its wall time whatever the load.
     module_cpu: AtomicU64,
@@ -294,8 +299,7 @@ impl CallRouter {
     /// least 1/[`MAX_LOAD_CREDIT`] of its wall time; where it is above (the kernel's
     /// work fills the wait and more), a busy machine pays it all. Before the kernel's
     /// share is reported, or where the caller's CPU time is not, wall time decides.
-    fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
-        let cpu = e.module_cpu.load(Ordering::Relaxed);
+    fn module_cost(&self, cpu: u64, wall: u64) -> u64 {
         let share = self.kernel_share.load(Ordering::Relaxed);
         if wall == 0 || cpu == 0 || share == SHARE_UNKNOWN {
             return wall;
@@ -342,7 +346,12 @@ impl CallRouter {
         } else {
             steady
         };
-        let module = self.module_cost(e, wall);
+        let module_cpu = if keyed_only {
+            &e.module_cold_cpu
+        } else {
+            &e.module_cpu
+        };
+        let module = self.module_cost(module_cpu.load(Ordering::Relaxed), wall);
         let t = tick();
         if cpu == 0 {
             // Measure the in-line cost first: it never waits.
@@ -460,10 +469,15 @@ impl CallRouter {
     }
 
     /// Reports the wall time of a key's first module call (which set the key up on
-    /// the device first): what the module costs at a site where no steady call has
-    /// been seen, such as one that only ever sees each key once.
-    pub fn observe_module_cold(&self, site: CallSite, ns: u64) {
-        fold(&self.estimate(site).module_cold, ns);
+    /// the device first) and its caller's CPU time in it (0: not known): what the
+    /// module costs at a site where no steady call has been seen, such as one that
+    /// only ever sees each key once.
+    pub fn observe_module_cold(&self, site: CallSite, ns: u64, cpu_ns: u64) {
+        let e = self.estimate(site);
+        fold(&e.module_cold, ns);
+        if cpu_ns > 0 {
+            fold(&e.module_cold_cpu, cpu_ns);
+        }
     }
 
     /// Reports the CPU time the caller's thread spent in a module call (what
@@ -812,7 +826,7 @@ mod tests {
         for _ in 0..4096 {
             if !matches!(r.route(site(64)), Route::Cpu { .. }) {
                 tried += 1;
-                r.observe_module_cold(site(64), 3_000_000);
+                r.observe_module_cold(site(64), 3_000_000, 0);
             }
         }
         assert!(
@@ -826,6 +840,24 @@ mod tests {
         assert!(module_share(&r, 64, 64) >= 60);
     }
 
+    /// A 16 KiB record per connection: each module call sets a key up (3 ms of wall
+    /// time, 0.3 ms of it the caller's CPU) against 1.9 ms in-line. Idle, in-line
+    /// wins; with every CPU busy the keyed call counts by the CPU it takes (at least
+    /// half its wall time) and the module wins, as steady calls do.
+    #[test]
+    fn a_busy_machine_counts_a_keyed_call_by_the_cpu_it_takes() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(0);
+        for _ in 0..WARM_SAMPLES {
+            r.observe_cpu(site(16384), 1_900_000);
+        }
+        r.observe_module_cold(site(16384), 3_000_000, 300_000);
+        assert!(module_share(&r, 16384, 1024) <= 2 * BURST, "idle");
+        r.set_busy(FULL_LOAD);
+        let busy = module_share(&r, 16384, 1024);
+        assert!(busy >= 1024 - 1024 / MIN_GAP as u32, "busy: {busy} of 1024");
+    }
+
     /// The first in-line call at a size in the soft guest: 5.4 ms, against ~60 us
     /// for the next ones. The next calls are timed, and the first one is forgotten.
     #[test]
@@ -834,7 +866,7 @@ mod tests {
         assert_eq!(r.route(site(48)), Route::Cpu { timed: true });
         r.observe_cpu(site(48), 5_400_000);
         // The module was tried once and cost a keyed call's 3 ms.
-        r.observe_module_cold(site(48), 3_000_000);
+        r.observe_module_cold(site(48), 3_000_000, 0);
         // The keyed call is not preferred on one in-line sample: the next call is
         // timed in-line, and the smallest sample is the estimate.
         assert_eq!(r.route(site(48)), Route::Cpu { timed: true });
