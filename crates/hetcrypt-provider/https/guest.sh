@@ -19,7 +19,8 @@
 #     strace -c on nginx's worker during the run; it slows nginx, so read that run's
 #     requests/s as strace's, not the configuration's)
 # Environment: CONFIGS, SUITES (tls12-cbc tls12-gcm tls13; also tls12-cbc-sha1), SIZES (1k 16k 1m), MODES
-# (keepalive close), DURATION (s), CONNS, PERF (1 to sample), FAULTS (1: after the
+# (keepalive close), CELLS (if set, only these suite:size:mode cells of that cross
+# product run, e.g. "tls12-cbc:1k:close tls12-gcm:16k:keepalive"), DURATION (s), CONNS, PERF (1 to sample), FAULTS (1: after the
 # runs, with the module configuration on TLS 1.2 CBC under load, a client that
 # disconnects mid-response, a malformed handshake, then the module hot-unplugged
 # (testbed/run --unplug-on-marker); nginx must keep serving with the same worker).
@@ -32,6 +33,7 @@ CONNS=${CONNS:-4}
 PERF=${PERF:-1}
 CPUSTAT=${CPUSTAT:-0}
 STRACE=${STRACE:-0}
+CELLS=${CELLS:-}
 BIN=/opt/hetcrypt/bin
 W=/tmp/https
 PORT=8443
@@ -160,6 +162,12 @@ for cfg in $CONFIGS; do
 		if cmp -s "$W/got.body" "$W/www/16k"; then echo "BODY $cfg $suite ok"; else echo "BODY $cfg $suite bad"; fi
 		for size in $SIZES; do
 			for mode in $MODES; do
+				if [ -n "$CELLS" ]; then
+					case " $CELLS " in
+					*" $suite:$size:$mode "*) ;;
+					*) continue ;;
+					esac
+				fi
 				hdr=""
 				[ "$mode" = close ] && hdr="Connection: close"
 				[ "$CPUSTAT" = 1 ] && cpu_snapshot "$W/cpu.before"

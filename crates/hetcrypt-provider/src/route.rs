@@ -455,8 +455,9 @@ impl Router {
 
     /// Runs `input` into `out` on the module lane `guard` as offered cipher `alg` with
     /// `iv` and key `key`. `first_with_key`: the lane may have to set the key up first,
-    /// so the call's time is not the module's steady cost and is not reported to the
-    /// router. `false`: the module failed (and is quarantined, if the fault was its
+    /// so the call's time is not the module's steady cost: it is reported to the router
+    /// as a keyed call's cost, which stands in only where no steady call was seen.
+    /// `false`: the module failed (and is quarantined, if the fault was its
     /// own): run the call in-line.
     #[allow(clippy::too_many_arguments)]
     pub fn run_module(
@@ -497,12 +498,15 @@ impl Router {
         match result {
             Ok(cold) => {
                 self.module_counter.add(1, input.len() as u64, ns);
-                if !cold && !first_with_key {
-                    let site = CallSite {
-                        cipher: alg,
-                        encrypt: enc,
-                        len: input.len(),
-                    };
+                let site = CallSite {
+                    cipher: alg,
+                    encrypt: enc,
+                    len: input.len(),
+                };
+                if !cold && first_with_key {
+                    // What a short-lived context (one TLS connection) pays here.
+                    self.calls.observe_module_cold(site, ns, cpu_ns);
+                } else if !cold {
                     self.calls.observe_module(site, ns);
                     // 0: the thread's clock could not be read (or did not move).
                     if cpu_ns > 0 {

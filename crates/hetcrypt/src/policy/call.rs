@@ -84,6 +84,15 @@ const SETTLED_AFTER: u32 = 32;
 /// taking 1,000 calls a second still gets four samples a second, and the average
 /// follows a change within a few seconds.
 const SETTLED_SAMPLE_EVERY: u32 = 256;
+/// A site's first in-line samples, of which the smallest is the estimate; while only
+/// a keyed module cost is known (see `Estimate::module_cold`), calls stay in-line and
+/// timed until there are this many. The first call at a size carries one-off costs
+/// (page faults, lazy binding, and under emulation translating the code): 5.4 ms for
+/// a 48-byte TLS Finished record in the soft guest against ~60-200 us after. A site
+/// that sees one call per TLS connection then sent its calls to the module (~3 ms a
+/// keyed call) and timed one in-line call in dozens of connections: most of a 4-s
+/// run went by before the first call was forgotten.
+const WARM_SAMPLES: u32 = 4;
 /// Before the module's cost at a size is known, calls below the threshold try it once
 /// in this many calls.
 const RECHECK_EVERY: u32 = 256;
@@ -156,6 +165,17 @@ struct Estimate {
     cpu: AtomicU64,
     /// The same on the module, in wall time.
     module: AtomicU64,
+    /// The same for a key's first call on the module, which sets the key up on the
+    /// device first (a session per key: several times a steady call in the soft
+    /// guest). Only used while `module` is 0: a site whose every module call is some
+    /// key's first (a TLS connection's Finished record, one per connection) would
+    /// otherwise never learn a cost and would check the module on every call.
+    module_cold: AtomicU64,
+    /// The caller's CPU time in such a call (as `module_cpu` for steady calls): a
+    /// busy machine counts a keyed call by the CPU it takes too, or a 16 KiB record
+    /// that the module carries better even with its key set up (a handshake per
+    /// request in the loaded soft guest) would stay in-line.
+    module_cold_cpu: AtomicU64,
     /// The caller's CPU time per module call (system calls, copies), where reported;
     /// 0: not known, and the module's cost is its wall time whatever the load.
     module_cpu: AtomicU64,
@@ -279,8 +299,7 @@ impl CallRouter {
     /// least 1/[`MAX_LOAD_CREDIT`] of its wall time; where it is above (the kernel's
     /// work fills the wait and more), a busy machine pays it all. Before the kernel's
     /// share is reported, or where the caller's CPU time is not, wall time decides.
-    fn module_cost(&self, e: &Estimate, wall: u64) -> u64 {
-        let cpu = e.module_cpu.load(Ordering::Relaxed);
+    fn module_cost(&self, cpu: u64, wall: u64) -> u64 {
         let share = self.kernel_share.load(Ordering::Relaxed);
         if wall == 0 || cpu == 0 || share == SHARE_UNKNOWN {
             return wall;
@@ -317,11 +336,22 @@ impl CallRouter {
             RouterMode::Balanced => {}
         }
         let e = self.estimate(site);
-        let (cpu, wall) = (
-            e.cpu.load(Ordering::Relaxed),
-            e.module.load(Ordering::Relaxed),
-        );
-        let module = self.module_cost(e, wall);
+        let cpu = e.cpu.load(Ordering::Relaxed);
+        // A key's first call stands in for the module's cost until a steady one is
+        // known (the wall time then includes setting the key up).
+        let steady = e.module.load(Ordering::Relaxed);
+        let keyed_only = steady == 0;
+        let wall = if keyed_only {
+            e.module_cold.load(Ordering::Relaxed)
+        } else {
+            steady
+        };
+        let module_cpu = if keyed_only {
+            &e.module_cold_cpu
+        } else {
+            &e.module_cpu
+        };
+        let module = self.module_cost(module_cpu.load(Ordering::Relaxed), wall);
         let t = tick();
         if cpu == 0 {
             // Measure the in-line cost first: it never waits.
@@ -347,6 +377,11 @@ impl CallRouter {
             };
         }
         if module < cpu {
+            if keyed_only && e.cpu_samples.load(Ordering::Relaxed) < WARM_SAMPLES {
+                // A young in-line estimate may be one call's one-off costs: measure
+                // again before a keyed call (a device session) is preferred to it.
+                return Route::Cpu { timed: true };
+            }
             if t & (recheck_gap(cpu - module, module) - 1) == 0 {
                 return Route::Cpu { timed: true };
             }
@@ -416,7 +451,13 @@ impl CallRouter {
     /// Reports a timed in-line call.
     pub fn observe_cpu(&self, site: CallSite, ns: u64) {
         let e = self.estimate(site);
-        fold(&e.cpu, ns);
+        let old = e.cpu.load(Ordering::Relaxed);
+        if e.cpu_samples.load(Ordering::Relaxed) < WARM_SAMPLES && old != 0 {
+            // One-off costs only ever add: the smallest warm-up sample is the cost.
+            e.cpu.store(old.min(ns.max(1)), Ordering::Relaxed);
+        } else {
+            fold(&e.cpu, ns);
+        }
         if e.cpu_samples.load(Ordering::Relaxed) < SETTLED_AFTER {
             e.cpu_samples.fetch_add(1, Ordering::Relaxed);
         }
@@ -425,6 +466,18 @@ impl CallRouter {
     /// Reports a module call's wall time.
     pub fn observe_module(&self, site: CallSite, ns: u64) {
         fold(&self.estimate(site).module, ns);
+    }
+
+    /// Reports the wall time of a key's first module call (which set the key up on
+    /// the device first) and its caller's CPU time in it (0: not known): what the
+    /// module costs at a site where no steady call has been seen, such as one that
+    /// only ever sees each key once.
+    pub fn observe_module_cold(&self, site: CallSite, ns: u64, cpu_ns: u64) {
+        let e = self.estimate(site);
+        fold(&e.module_cold, ns);
+        if cpu_ns > 0 {
+            fold(&e.module_cold_cpu, cpu_ns);
+        }
     }
 
     /// Reports the CPU time the caller's thread spent in a module call (what
@@ -758,6 +811,68 @@ mod tests {
         }
         // The steady cost decides: the module is cheaper here.
         assert!(module_share(&r, 256, 64) >= 60);
+    }
+
+    /// `Connection: close` in the soft guest: each TLS connection's Finished record
+    /// is its write key's first (and only) call at that size, so every module call
+    /// there sets a key up (a device session, ~3 ms against ~30 us in-line). Those
+    /// calls' cost is learnt, and the site stays in-line after one check; a steady
+    /// cost, once seen, still takes over.
+    #[test]
+    fn a_site_that_only_sees_each_key_once_learns_the_keyed_cost() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.observe_cpu(site(64), 30_000);
+        let mut tried = 0;
+        for _ in 0..4096 {
+            if !matches!(r.route(site(64)), Route::Cpu { .. }) {
+                tried += 1;
+                r.observe_module_cold(site(64), 3_000_000, 0);
+            }
+        }
+        assert!(
+            tried <= 2 * BURST,
+            "a key set up {tried} times in 4096 calls"
+        );
+        // Steady calls cheaper than in-line: they decide, not the keyed ones.
+        for _ in 0..BURST {
+            r.observe_module(site(64), 10_000);
+        }
+        assert!(module_share(&r, 64, 64) >= 60);
+    }
+
+    /// A 16 KiB record per connection: each module call sets a key up (3 ms of wall
+    /// time, 0.3 ms of it the caller's CPU) against 1.9 ms in-line. Idle, in-line
+    /// wins; with every CPU busy the keyed call counts by the CPU it takes (at least
+    /// half its wall time) and the module wins, as steady calls do.
+    #[test]
+    fn a_busy_machine_counts_a_keyed_call_by_the_cpu_it_takes() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_kernel_share(0);
+        for _ in 0..WARM_SAMPLES {
+            r.observe_cpu(site(16384), 1_900_000);
+        }
+        r.observe_module_cold(site(16384), 3_000_000, 300_000);
+        assert!(module_share(&r, 16384, 1024) <= 2 * BURST, "idle");
+        r.set_busy(FULL_LOAD);
+        let busy = module_share(&r, 16384, 1024);
+        assert!(busy >= 1024 - 1024 / MIN_GAP as u32, "busy: {busy} of 1024");
+    }
+
+    /// The first in-line call at a size in the soft guest: 5.4 ms, against ~60 us
+    /// for the next ones. The next calls are timed, and the first one is forgotten.
+    #[test]
+    fn a_first_in_line_call_slowed_by_one_off_costs_is_forgotten_within_a_few_calls() {
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        assert_eq!(r.route(site(48)), Route::Cpu { timed: true });
+        r.observe_cpu(site(48), 5_400_000);
+        // The module was tried once and cost a keyed call's 3 ms.
+        r.observe_module_cold(site(48), 3_000_000, 0);
+        // The keyed call is not preferred on one in-line sample: the next call is
+        // timed in-line, and the smallest sample is the estimate.
+        assert_eq!(r.route(site(48)), Route::Cpu { timed: true });
+        r.observe_cpu(site(48), 60_000);
+        assert_eq!(r.estimates()[0].3, 60_000, "the steady in-line cost");
+        assert_eq!(module_share(&r, 48, 1024), 0, "no keyed module calls");
     }
 
     #[test]
