@@ -66,7 +66,7 @@ pub const STREAK_SAMPLE: u32 = 8;
 /// [`STREAK_SAMPLE`] took 50 clock reads, 50 lock round trips and 25 bookings. With an
 /// atomic add less per pull, `benches/pullcost.rs` puts `adaptive`'s own work per pull
 /// at ~4.5 ns over `threshold`'s on the AMD EPYC host, against ~13 ns before; a
-/// stall is still one sample of several (`tests/adaptive_sampling.rs`).
+/// stall is still one sample of several (`tests/it/adaptive_sampling.rs`).
 pub const SOLE_SEGMENT: u32 = 32;
 
 /// Samples of its own an engine needs on a class, beyond the store's [`model::WINDOW`],
@@ -1083,7 +1083,7 @@ mod tests {
     /// On one core, from a store that says the module's request floor (200 µs) is
     /// hundreds of the cpu's tiny jobs, the first batch leaves the module out: its lane
     /// is not started and nothing is probed. (Without the store, the module
-    /// probes such jobs in its first batches: `tests/deferred_lanes.rs`.)
+    /// probes such jobs in its first batches: `tests/it/deferred_lanes.rs`.)
     #[test]
     fn seeded_adaptive_leaves_a_slow_module_out_of_the_first_batch_of_tiny_jobs() {
         let (engines, lanes) = cpu_and_kernel();
