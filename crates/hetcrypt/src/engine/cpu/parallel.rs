@@ -284,6 +284,13 @@ impl<I> BlockSizeUser for Ctr<'_, I> {
 /// 0.9 of the speed in two attempts.
 const SHORT_MAX_BLOCKS: usize = 4;
 
+/// A short message's counter and keystream blocks, on a cache line of their own. The
+/// main thread's stack starts at a random 16-byte offset in each process, and where
+/// the array crossed a line (the keystream is read back as one 64-byte vector) CTR at
+/// 64 B ran at 2.2-2.5 GB/s instead of 3.7-4.2 on the AMD EPYC, per process.
+#[repr(C, align(64))]
+struct ShortKeystream([Block; SHORT_MAX_BLOCKS]);
+
 impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
     #[inline(always)]
     fn call<B: BlockCipherEncBackend<BlockSize = Self::BlockSize>>(self, backend: &B) {
@@ -302,12 +309,13 @@ impl<'a, I: Iterator<Item = Message<'a>>> BlockCipherEncClosure for Ctr<'_, I> {
                 continue;
             }
             if len <= SHORT_MAX_BLOCKS {
-                let mut ks = [Block::default(); SHORT_MAX_BLOCKS];
-                counter_blocks(&mut ks[..len], u128::from_be_bytes(message.iv));
-                for b in &mut ks[..len] {
+                let mut ks = ShortKeystream([Block::default(); SHORT_MAX_BLOCKS]);
+                let ks = &mut ks.0[..len];
+                counter_blocks(ks, u128::from_be_bytes(message.iv));
+                for b in ks.iter_mut() {
                     backend.encrypt_block(b.into());
                 }
-                xor_keystream(message.out, message.input, &ks[..len]);
+                xor_keystream(message.out, message.input, ks);
                 continue;
             }
             ctr_message(backend, message, self.scratch);
