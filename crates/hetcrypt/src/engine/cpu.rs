@@ -935,39 +935,44 @@ fn aes_key<'c>(
     cipher: Cipher,
     keys: &KeyStore,
 ) -> Result<&'c multibuf::AesKey> {
-    let key = most_recent(cache, (id, cipher.key_size), || {
-        keys.with_key(id, |key| {
-            multibuf::AesKey::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
-                cipher,
-                expected: cipher.key_len(),
-                got: key.len(),
-            })
-        })?
-    })?;
-    Ok(key)
+    Ok(expanded(cache, id, cipher, keys, multibuf::AesKey::new)?)
 }
 
 /// The VAES-512 key schedule for `id` at `cipher`'s key size from a lane's cache
 /// (most recently used first), made on first use; `None` where the CPU has no
-/// VAES-512 or the key is gone (the `aes` crate's key, looked up first, reports that).
+/// VAES-512 or the key is gone. Only the `Some`/`None` is kept: the `aes` crate's key,
+/// looked up first, reported a missing key or one of the wrong length, and a CPU
+/// without VAES-512 runs the crate's path instead.
 fn vaes_key<'c>(
     cache: &'c mut Vec<((KeyId, KeySize), vaes::RoundKeys)>,
     id: KeyId,
     cipher: Cipher,
     keys: &KeyStore,
 ) -> Option<&'c vaes::RoundKeys> {
-    // Only the `Some`/`None` is kept: a key of the wrong length was reported by
-    // `aes_key`, and a CPU without VAES-512 runs the crate's path instead.
-    let key = most_recent(cache, (id, cipher.key_size), || {
+    expanded(cache, id, cipher, keys, vaes::RoundKeys::new)
+        .ok()
+        .map(|k| &*k)
+}
+
+/// A key schedule `make` builds from key `id`'s bytes for `cipher`'s key size, from a
+/// lane's cache (most recently used first), made on first use; `make`'s `None` is a
+/// key of the wrong length.
+fn expanded<'c, V>(
+    cache: &'c mut Vec<((KeyId, KeySize), V)>,
+    id: KeyId,
+    cipher: Cipher,
+    keys: &KeyStore,
+    make: impl FnOnce(KeySize, &[u8]) -> Option<V>,
+) -> Result<&'c mut V> {
+    most_recent(cache, (id, cipher.key_size), || {
         keys.with_key(id, |key| {
-            vaes::RoundKeys::new(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
+            make(cipher.key_size, key.as_bytes()).ok_or(Error::KeyLength {
                 cipher,
                 expected: cipher.key_len(),
                 got: key.len(),
             })
         })?
-    });
-    key.ok().map(|k| &*k)
+    })
 }
 
 /// The value for `id` in a most-recently-used-first list, moved to the front, or made
