@@ -248,25 +248,10 @@ impl CpuEngine {
         self.select.choice(cipher, direction).cloned()
     }
 
-    /// The lockstep width lanes use: the configured one where the `aes` crate runs,
-    /// 1 (EVP one job at a time) where it does not, or the measured one (measuring
-    /// now if no lane has yet).
-    fn chains(&self) -> usize {
-        match self.width() {
-            Width::Fixed(chains) => chains,
-            Width::Measured => self.select.chains().chains,
-        }
-    }
-
-    /// Whether lanes run lockstep groups through VAES-512: as configured, else the
-    /// measured choice for a measured width (measuring now if no lane has yet), else
-    /// wherever the CPU has it. [`CpuLane::run_multibuf`] decides the same way.
-    fn uses_vaes(&self) -> bool {
-        match (self.width(), self.vaes) {
-            (_, Some(on)) => on && vaes::available(),
-            (Width::Measured, None) => self.select.chains().vaes,
-            (Width::Fixed(_), None) => vaes::available(),
-        }
+    /// The lockstep width lanes use and whether it runs through VAES-512 (see
+    /// [`Width::unit`]), measuring now if no lane has yet.
+    fn lockstep_unit(&self) -> (usize, bool) {
+        self.width().unit(self.vaes, &self.select)
     }
 
     /// The lockstep width as lanes hold it: a measured width stays unmeasured until
@@ -347,7 +332,7 @@ impl Engine for CpuEngine {
     /// (and multi-buffer CBC encryption for batches).
     fn info(&self) -> EngineInfo {
         let version = openssl::version::version();
-        let chains = self.chains();
+        let (chains, uses_vaes) = self.lockstep_unit();
         EngineInfo {
             name: self.name.clone(),
             kind: EngineKind::Cpu,
@@ -373,7 +358,7 @@ impl Engine for CpuEngine {
                                 let why = self
                                     .multibuffer_choice()
                                     .map_or_else(String::new, |c| format!(" ({c})"));
-                                let unit = if self.uses_vaes() {
+                                let unit = if uses_vaes {
                                     "VAES-512 lockstep".to_string()
                                 } else {
                                     format!("aes crate ({})", aes_backend())
@@ -488,6 +473,21 @@ enum Width {
 }
 
 impl Width {
+    /// The lockstep width and whether its groups run through VAES-512: a fixed width
+    /// as set (1: EVP one job at a time) or the process's measured one (measuring now
+    /// if no lane has yet); VAES-512 as configured (`vaes`), else as measured with a
+    /// measured width, else wherever the CPU has it, and never where it has not.
+    fn unit(self, vaes: Option<bool>, select: &select::Selection) -> (usize, bool) {
+        let (chains, wanted) = match self {
+            Width::Fixed(chains) => (chains, vaes.unwrap_or(true)),
+            Width::Measured => {
+                let choice = select.chains();
+                (choice.chains, vaes.unwrap_or(choice.vaes))
+            }
+        };
+        (chains, wanted && vaes::available())
+    }
+
     /// Whether batches of CBC encryption run in lockstep (every measured width does).
     fn lockstep(self) -> bool {
         match self {
@@ -843,13 +843,7 @@ impl CpuLane {
                 out: k,
             }
         });
-        let (width, use_vaes) = match (self.width, self.vaes) {
-            (Width::Fixed(width), vaes) => (width, vaes.unwrap_or_else(vaes::available)),
-            (Width::Measured, vaes) => {
-                let choice = self.select.chains();
-                (choice.chains, vaes.unwrap_or(choice.vaes))
-            }
-        };
+        let (width, use_vaes) = self.width.unit(self.vaes, &self.select);
         let vaes_key = if use_vaes {
             vaes_key(&mut self.vaes_keys, first.key, first.cipher, keys)
         } else {
@@ -2025,7 +2019,7 @@ mod tests {
             let measured = auto.multibuffer_choice().expect("multi-buffer is on");
             assert!(CHAIN_WIDTHS.contains(&measured.chains), "{measured:?}");
             assert_eq!(measured.probes.len(), CHAIN_WIDTHS.len());
-            assert_eq!(auto.chains(), measured.chains);
+            assert_eq!(auto.lockstep_unit(), (measured.chains, measured.vaes));
         } else {
             assert_eq!(width, 1);
             assert_eq!(auto.lane(0).width, Width::Fixed(1));

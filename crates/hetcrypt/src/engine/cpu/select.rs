@@ -667,6 +667,29 @@ mod tests {
     }
 
     #[test]
+    fn vaes_takes_over_only_where_it_ran_faster_than_the_crates_chosen_width() {
+        let crate_probes = vec![(4, 5.9e9), (8, 8.0e9), (16, 10.6e9)];
+        // The AMD EPYC's probe: VAES-512 16-way wins, by the same widest-near-best rule.
+        let c = ChainsChoice::from_probes(crate_probes.clone())
+            .with_vaes(vec![(8, 10.8e9), (16, 18.1e9)]);
+        assert_eq!((c.chains, c.vaes), (16, true));
+        assert_eq!(
+            c.to_string(),
+            "measured VAES-512 16-way 18.1 GB/s, 8-way 10.8 GB/s; \
+             aes crate 16-way 10.6 GB/s, 8-way 8.0 GB/s, 4-way 5.9 GB/s on 1 KiB jobs"
+        );
+        // VAES-512 within 5% of its best at 16 and 8: the wider; slower than the crate's
+        // chosen width: the crate keeps it.
+        let c = ChainsChoice::from_probes(crate_probes.clone())
+            .with_vaes(vec![(8, 10.5e9), (16, 10.2e9)]);
+        assert_eq!((c.chains, c.vaes), (16, false));
+        // No VAES-512 on the CPU: the crate's choice, figures as before.
+        let c = ChainsChoice::from_probes(crate_probes).with_vaes(Vec::new());
+        assert_eq!((c.chains, c.vaes), (16, false));
+        assert!(!c.to_string().contains("VAES"));
+    }
+
+    #[test]
     fn ties_and_no_probes_go_to_evp() {
         assert_eq!(probe(64, 1.0, 1.0).winner(AesCrate), Evp);
         assert_eq!(
