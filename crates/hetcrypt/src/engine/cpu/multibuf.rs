@@ -360,37 +360,4 @@ mod tests {
             }
         }
     }
-
-    /// Not a test: times 16-chain lockstep on 1 KiB messages, crate vs VAES.
-    /// `cargo test --release -p hetcrypt vaes_speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn vaes_speed() {
-        let key = bytes(7, 16);
-        let aes = AesKey::new(KeySize::Aes128, &key).unwrap();
-        let rk = VaesKeys::new(KeySize::Aes128, &key);
-        let inputs: Vec<Vec<u8>> = (0..128).map(|k| bytes(k + 1, 1024)).collect();
-        let mut outs = vec![JobOutput::default(); inputs.len()];
-        for round in 0..5 {
-            for vaes in [false, true] {
-                let start = std::time::Instant::now();
-                for _ in 0..50 {
-                    for (c, o) in inputs.chunks(16).zip(outs.chunks_mut(16)) {
-                        let chains = c.iter().enumerate().map(|(k, input)| Chain {
-                            blocks: input,
-                            last: &[],
-                            iv: [k as u8; BLOCK_LEN],
-                            out: k,
-                        });
-                        encrypt_cbc(&aes, rk.as_ref().filter(|_| vaes), 16, chains, o);
-                    }
-                }
-                let secs = start.elapsed().as_secs_f64();
-                println!(
-                    "round {round} vaes {vaes}: {:.2} GB/s",
-                    50.0 * 128.0 * 1024.0 / secs / 1e9
-                );
-            }
-        }
-    }
 }
