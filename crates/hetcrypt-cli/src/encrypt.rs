@@ -388,12 +388,29 @@ fn bound_open_files() -> Sizes {
     let queued = queue + SETTLERS * (small_queue + 1);
     let left = outputs.saturating_sub(group + (queued + 1) * commit_batch + 1);
     let window = (left / 2).clamp(1, WINDOW);
+    // The pipeline's streams (a window being read, one being written), the finished
+    // outputs queued and the writer's group.
+    let held = u64::try_from((group + (queued + 1) * commit_batch + 1 + 2 * window).min(outputs))
+        .unwrap_or(u64::MAX);
+    reserve_descriptors(open_now + FD_MARGIN + FDS_PER_OUTPUT * held);
     Sizes {
         window,
         queue,
         small_queue,
         commit_batch,
         group,
+    }
+}
+
+/// Grows this process's descriptor table to `count` entries now, before the run starts
+/// its threads. The kernel grows the table as descriptors are opened, and in a process
+/// with several threads each growth waits for an RCU grace period (`expand_files`,
+/// `synchronize_rcu`): 1-3 such waits, of milliseconds each on a busy host, in a
+/// 4,000-file tree's run. A table never shrinks, so one descriptor opened at the top
+/// and closed again is enough. Best effort: a failure leaves the growth for later.
+fn reserve_descriptors(count: u64) {
+    if let Some(top) = count.checked_sub(1).and_then(|t| i32::try_from(t).ok()) {
+        drop(rustix::io::fcntl_dupfd_cloexec(std::io::stderr(), top));
     }
 }
 
@@ -679,7 +696,6 @@ fn run<S: FileStream>(
     if plan.reads_stdin() && stdin_is_closed() {
         bail!("standard input is closed (or /dev/null): there is nothing to read; pipe the data in, or name a file");
     }
-    dest::remove_temporaries_on_signals().context("cannot watch for signals")?;
     let stdout_busy = plan.writes_stdout();
     let hide_bar = args.quiet || args.json || !std::io::stderr().is_terminal();
     let bar = summary::progress(if hide_bar { None } else { plan.total_size() }, hide_bar);
@@ -692,6 +708,9 @@ fn run<S: FileStream>(
     // (a read-only directory could not take them before); parents come first.
     let mut made_dirs: Vec<plan::Dir> = Vec::new();
     let sizes = bound_open_files();
+    // After the descriptor table is grown (see `reserve_descriptors`): this starts a
+    // thread.
+    dest::remove_temporaries_on_signals().context("cannot watch for signals")?;
     // A pipe may stall for as long as its writer pleases: reading it in turn with the
     // batches lets each batch's output out before more is read.
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?
@@ -983,4 +1002,32 @@ fn run<S: FileStream>(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The descriptor table's size, from `/proc/self/status` (`FDSize`).
+    fn table_size() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
+        line["FDSize:".len()..].trim().parse().unwrap()
+    }
+
+    #[test]
+    fn the_descriptor_table_is_grown_ahead_and_its_descriptor_closed() {
+        use rustix::process::{getrlimit, Resource};
+        /// Entries asked for: more than any test process opens by itself (64-256), at
+        /// most the usual soft limit.
+        const WANTED: u64 = 1024;
+        let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+        let wanted = WANTED.min(soft);
+        reserve_descriptors(wanted);
+        assert!(table_size() >= wanted, "{} < {wanted}", table_size());
+        // The descriptor that grew it is closed again (the other tests of this process
+        // open theirs at the bottom of the table, far below it).
+        let top = format!("/proc/self/fd/{}", wanted - 1);
+        assert!(std::fs::symlink_metadata(&top).is_err(), "{top} is open");
+    }
 }
