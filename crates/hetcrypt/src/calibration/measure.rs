@@ -54,6 +54,17 @@ const WARM_UP_JOBS: usize = 2;
 /// with two warm-up requests only.
 const WARM_UP_TIME: Duration = Duration::from_millis(2);
 
+/// Passes over an offload engine's sizes: each size is timed again after every engine
+/// has had its first pass, seconds later, and the lower median kept. An offload request
+/// is a round trip through the device (in the testbed, a thread of QEMU's on the host),
+/// so a busy spell on the host inflates every point measured in it: in the soft guest
+/// the module's stored 1 KiB cost read 77-176 µs over six calibrations (the cpu's
+/// 94-97), and the quiet sitting of the seventeenth session stored 130-173 µs against
+/// its ~110 µs in the same boots' runs, enough to hand the 1 KiB near tie to the cpu
+/// (`docs/results.md`). Timing noise only adds time, so the lower of two is the better
+/// estimate. The cpu is timed once: its medians moved by 3%.
+const OFFLOAD_SIZE_PASSES: usize = 2;
+
 /// Job size of the lanes sweep: the file format's 16 KiB chunk, where offload matters.
 const LANES_LEN: usize = 16 * 1024;
 
@@ -200,7 +211,8 @@ fn fits(cipher: Cipher, len: usize) -> bool {
 
 /// Measures every engine in `engines` for every cipher of `settings` it runs, in both
 /// directions: one lane at each size, then 1, 2, 4, ... lanes in flight at the sweep's
-/// size. Each engine is measured alone, on threads of its own (a lane is opened on the
+/// size; once every engine is done, each offload engine's sizes again (see
+/// [`OFFLOAD_SIZE_PASSES`]). Each engine is measured alone, on threads of its own (a lane is opened on the
 /// thread that drives it); `progress` is called on the caller's thread after each
 /// point.
 ///
@@ -235,7 +247,12 @@ pub fn measure(
                 + p.iter().map(|t| t.sizes.len()).sum::<usize>()
         })
         .sum::<usize>()
-        + pairs.iter().map(|m| m.sizes.len()).sum::<usize>();
+        + pairs.iter().map(|m| m.sizes.len()).sum::<usize>()
+        + engines
+            .iter()
+            .zip(&plans)
+            .map(|(e, p)| again_points(e, p))
+            .sum::<usize>();
     let mut done = 0;
     let mut measured = Vec::new();
     let mut unmeasured = Vec::new();
@@ -293,6 +310,33 @@ pub fn measure(
                 classes,
             });
         }
+    }
+    for ((engine, plan), failed) in engines.iter().zip(&plans).zip(&mut broken) {
+        let planned = again_points(engine, plan);
+        let measured = measured.iter_mut().find(|m| m.name == engine.name());
+        let mut reported = 0;
+        if let Some(m) = measured.filter(|_| planned > 0 && !*failed) {
+            *failed = again(
+                engine,
+                &mut m.classes,
+                &keys,
+                &key_ids,
+                settings,
+                &mut |p| {
+                    reported += 1;
+                    done += 1;
+                    progress(&Progress {
+                        done,
+                        total,
+                        engine: engine.name(),
+                        cipher: p.0,
+                        direction: p.1,
+                        step: Step::Size(p.2),
+                    });
+                },
+            );
+        }
+        done += planned.saturating_sub(reported);
     }
     let mut mixes = Vec::new();
     for pair in pairs {
@@ -365,6 +409,67 @@ pub fn measure(
         unmeasured,
         mixes,
     })
+}
+
+/// Size points that [`again`] times on `engine` beyond the first pass.
+fn again_points(engine: &EngineRef, plan: &[Todo]) -> usize {
+    if engine.uses_host_cpu() {
+        return 0;
+    }
+    (OFFLOAD_SIZE_PASSES - 1) * plan.iter().map(|t| t.sizes.len()).sum::<usize>()
+}
+
+/// Times every size point of `classes` again, [`OFFLOAD_SIZE_PASSES`] - 1 times, on a
+/// lane opened by a thread of its own, keeping each point's lower median and fitting the
+/// class again; `point` is called on the caller's thread after each. Whether the engine
+/// failed (what was measured before the failure is kept).
+fn again(
+    engine: &EngineRef,
+    classes: &mut [ClassCalibration],
+    keys: &KeyStore,
+    key_ids: &[(KeySize, KeyId)],
+    settings: &Settings,
+    point: &mut dyn FnMut((Cipher, Direction, usize)),
+) -> bool {
+    let (tx, rx) = mpsc::channel();
+    let todo: Vec<(usize, usize, Cipher, Direction, usize)> = (1..OFFLOAD_SIZE_PASSES)
+        .flat_map(|_| classes.iter().enumerate())
+        .flat_map(|(c, class)| {
+            (0..class.points.len())
+                .map(move |k| (c, k, class.cipher, class.direction, class.points[k].len))
+        })
+        .collect();
+    let failed = std::thread::scope(|s| {
+        let worker = s.spawn(move || {
+            let mut lane = engine.open_lane(0)?;
+            for &(c, k, cipher, direction, len) in &todo {
+                let key = key_ids
+                    .iter()
+                    .find(|(size, _)| *size == cipher.key_size)
+                    .map(|(_, id)| *id)
+                    .expect("a key of every size was made");
+                let job = probe_job(cipher, direction, key, keys, len)?;
+                let p = time_point(lane.as_mut(), &job, keys, settings.point_time)?;
+                let _ = tx.send((c, k, p));
+            }
+            Ok::<(), Error>(())
+        });
+        for (c, k, p) in rx {
+            let class = &mut classes[c];
+            if p.wall < class.points[k].wall {
+                class.points[k] = p;
+            }
+            point((class.cipher, class.direction, p.len));
+        }
+        worker
+            .join()
+            .map_or(true, |r| r.is_err_and(|e| e.is_engine_failure()))
+    });
+    for class in classes.iter_mut() {
+        let points: Vec<(usize, f64)> = class.points.iter().map(|p| (p.len, p.wall)).collect();
+        (class.fixed, class.per_byte) = fit(&points);
+    }
+    failed
 }
 
 /// One engine's measuring thread.
@@ -875,5 +980,107 @@ mod tests {
         assert!(cal
             .crossover(Cipher::AES_128_GCM, d, "cpu", "cpu-b")
             .is_some());
+    }
+
+    /// An offload engine that answers its first `slow` requests after `SLOW` (a busy
+    /// spell on the host) and the rest at once.
+    struct Stalled {
+        requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        slow: usize,
+    }
+
+    const SLOW: Duration = Duration::from_millis(10);
+
+    impl crate::engine::Engine for Stalled {
+        fn name(&self) -> &str {
+            "stalled"
+        }
+
+        fn info(&self) -> crate::engine::EngineInfo {
+            crate::engine::EngineInfo {
+                name: "stalled".into(),
+                kind: EngineKind::Kernel,
+                lanes: 1,
+                ciphers: Vec::new(),
+            }
+        }
+
+        fn lanes(&self) -> usize {
+            1
+        }
+
+        fn supports(&self, cipher: Cipher, direction: Direction) -> bool {
+            cipher == Cipher::AES_128_CTR && direction == Direction::Encrypt
+        }
+
+        fn open_lane(&self, _: usize) -> Result<Box<dyn Lane>> {
+            Ok(Box::new(StalledLane {
+                requests: std::sync::Arc::clone(&self.requests),
+                slow: self.slow,
+            }))
+        }
+
+        fn uses_host_cpu(&self) -> bool {
+            false
+        }
+    }
+
+    struct StalledLane {
+        requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        slow: usize,
+    }
+
+    impl Lane for StalledLane {
+        fn run(&mut self, job: &Job, _: &KeyStore, out: &mut JobOutput) -> Result<()> {
+            let n = self
+                .requests
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n < self.slow {
+                std::thread::sleep(SLOW);
+            }
+            out.data = job.input.to_vec();
+            Ok(())
+        }
+    }
+
+    /// A busy spell over an offload engine's first pass does not reach the store: its
+    /// sizes are timed again after it and the lower median is kept (the cpu's are not).
+    #[test]
+    fn an_offload_engines_sizes_keep_the_lower_of_two_passes() {
+        // With requests of 10 ms and points of 1 ms, the first pass of each size is
+        // exactly 2 warm-up and MIN_JOBS timed requests: all of them slow.
+        let sizes = vec![256, 1024];
+        let slow = sizes.len() * (WARM_UP_JOBS + MIN_JOBS);
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let engine: EngineRef = std::sync::Arc::new(Stalled {
+            requests: std::sync::Arc::clone(&requests),
+            slow,
+        });
+        let settings = Settings {
+            ciphers: vec![Cipher::AES_128_CTR],
+            sizes,
+            point_time: Duration::from_millis(1),
+            lanes_len: 1024,
+            offload_lanes: 1,
+            mixes: false,
+        };
+        let mut seen = Vec::new();
+        let cal = measure(&[engine], &settings, &mut |p| {
+            seen.push((p.done, p.total, p.step))
+        })
+        .unwrap();
+        // 2 sizes and one lane count, then the 2 sizes again.
+        assert_eq!(seen.len(), 5);
+        assert!(seen
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.0 == i + 1 && s.1 == 5));
+        assert_eq!(seen[4].2, Step::Size(1024));
+        assert!(requests.load(std::sync::atomic::Ordering::Relaxed) > slow);
+        let class = &cal.engines[0].classes[0];
+        for p in &class.points {
+            assert!(p.wall < SLOW.as_secs_f64() / 2.0, "{p:?}");
+        }
+        assert!(class.seconds(1024) < SLOW.as_secs_f64() / 2.0, "{class:?}");
     }
 }

@@ -2,37 +2,24 @@
 //! engine costs per class of job while it runs, and places every job to finish the batch
 //! soonest, never behind the best single engine.
 //!
-//! The jobs of a batch are sorted into classes (engines that can run them, cipher,
-//! direction, log2 size bucket), each a lock-free list. A free lane asks the placement
-//! rule of [`model`] which class to take from, using the estimates every engine's lanes
-//! keep by timing their pulls. The estimates live in the [`Adaptive`] value, shared by
-//! all its schedules, so a second batch starts from what the first one learned; with a
-//! calibration ([`Adaptive::seeded`]) the first batch starts from the stored costs and
-//! mix gains, so it places its first job right; a class an engine has not run yet
-//! starts from the store scaled by how far that engine's own costs moved from it on a
-//! nearby size (its drift: the store is measured once, on the engine alone).
+//! Jobs are sorted into classes (engines that can run them, cipher, direction, log2 size
+//! bucket), each a lock-free list. A free lane asks [`model::decide`] which class to take
+//! from, using estimates that the lanes keep by timing their own pulls: the time from
+//! one [`Schedule::next`] returning to the lane's following call (only the monotonic
+//! clock is read). The estimates live in the [`Adaptive`] value, so a batch starts from
+//! what the ones before it learned; seeded ([`Adaptive::seeded`]), the first batch
+//! starts from the store, scaled on a class an engine has not run yet by how far its
+//! own costs moved from the store on a nearby size (its drift).
 //!
-//! **Timing.** The schedule times the pulls itself instead of asking the dispatcher
-//! ([`Schedule::wants_timing`] is false): a lane calls [`Schedule::next`] on its own
-//! thread when it has finished its previous jobs, so the time from one `next` returning
-//! to the lane's following call is what those jobs cost the lane (dispatch overhead
-//! included). Only the monotonic clock is read.
+//! A lane that should take nothing now waits in [`Schedule::next`] until an event (a
+//! class runs out, an estimate becomes usable, an engine fails, another lane starts
+//! waiting) or [`WAIT_RECHECK`]. An engine that the rule gives nothing before the batch
+//! starts is left out: its lanes are not started ([`Schedule::engines_needed`]).
 //!
-//! A lane whose engine should not take any of the remaining work (a slow engine at the
-//! end of the batch, an engine whose jobs would cost the others more than they save)
-//! waits inside [`Schedule::next`]; it is woken when a class runs out, an estimate
-//! becomes usable, an engine fails or another lane starts waiting, and re-checks every
-//! [`WAIT_RECHECK`] regardless. An engine that the rule, asked before the batch starts,
-//! gives nothing at all is left out of the batch: its lanes are not even started (see
-//! [`Schedule::engines_needed`]).
-//!
-//! **Streaks and sole batches.** While every lane of the other engines waits, a lane
-//! keeps taking from the class it last chose without deciding again until some event
-//! bumps the schedule's epoch; when the plan leaves every engine but one out, that
-//! engine's lanes take each class in turn without deciding at all. On a streak only one
-//! pull in [`STREAK_SAMPLE`] is timed; in a sole batch a lane reads the clock once per
-//! [`SOLE_SEGMENT`] pulls and takes no lock, so a batch of tiny jobs costs about what
-//! `only:cpu` does, and the estimates still follow the machine.
+//! Per-pull cost is kept low where nothing is left to decide: while the other engines'
+//! lanes all wait, a lane keeps its class (a streak, one pull in [`STREAK_SAMPLE`]
+//! timed); when only one engine is left, its lanes take the classes in turn (a sole
+//! batch, no lock, one clock read per [`SOLE_SEGMENT`] pulls).
 
 pub mod model;
 
@@ -48,53 +35,34 @@ use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
 
-/// How long a waiting lane sleeps before re-deciding even if nobody woke it: a safety
-/// net for estimates that drift while it waits (the events that can change its mind
-/// wake it anyway). Long, because on a one-core board every wake-up takes the core from
-/// the lanes doing the work.
+/// How long a waiting lane sleeps before re-deciding unwoken: a safety net (events wake
+/// it anyway), long because on one core every wake-up takes the core from the workers.
 pub const WAIT_RECHECK: Duration = Duration::from_millis(50);
 
-/// On a streak or in a sole batch, one pull in this many is timed and booked: the
-/// engine's estimate still follows load changes, and the other pulls skip two clock
-/// reads and the booking (a few microseconds per pull under the testbed's emulation,
-/// where batches of tiny jobs lost 10-15% to them).
+/// On a streak, one pull in this many is timed and booked: the estimate still follows
+/// the load, and the other pulls skip two clock reads and the booking (under the
+/// testbed's emulation batches of tiny jobs lost 10-15% to them).
 pub const STREAK_SAMPLE: u32 = 8;
 
 /// In a sole batch, a lane's pulls are timed in segments of this many pulls of one
-/// class, one sample each (see [`SoleRun`]): 200 tiny jobs taken one a pull (the soft
-/// guest's CPU lane) are ~6 samples for 8 clock reads, where timing one pull in
-/// [`STREAK_SAMPLE`] took 50 clock reads, 50 lock round trips and 25 bookings. With an
-/// atomic add less per pull, `benches/pullcost.rs` puts `adaptive`'s own work per pull
-/// at ~4.5 ns over `threshold`'s on the AMD EPYC host, against ~13 ns before; a
-/// stall is still one sample of several (`tests/it/adaptive_sampling.rs`).
+/// class, one sample each ([`SoleRun`]): 200 tiny jobs are ~6 samples for 8 clock
+/// reads, and a stall is one sample of several (`tests/it/adaptive_sampling.rs`).
 pub const SOLE_SEGMENT: u32 = 32;
 
-/// Samples of its own an engine needs on a class, beyond the store's [`model::WINDOW`],
-/// before its drift from the store there carries to other classes
-/// ([`Knowledge::drift`]): a window's worth, so that the seed weighs a third or less.
+/// Samples of its own, beyond the store's [`model::WINDOW`], an engine needs on a class
+/// before its drift there carries to others ([`Knowledge::drift`]).
 const DRIFT_MIN_OWN: u32 = model::WINDOW;
 
-/// How many size buckets away (each 2x) a class's drift from the store still carries:
-/// 4x in size. The store's error changes with size: in the soft guest's short runs the
-/// cpu's learned costs put it at about 1.2-1.6x its store at 256 B and 1.2-1.9x at
-/// 1 KiB, the module's at 0.7-0.9x at 1 KiB (`docs/results.md`, sixteenth session).
+/// How many size buckets (each 2x) a drift carries: the store's error changes with
+/// size (`docs/results.md`, sixteenth session).
 const DRIFT_REACH: usize = 2;
 
-/// The most a drift scales a stored cost, either way: as [`model::OUTLIER_CAP`], a
-/// factor past which the store and the run disagree about more than load.
+/// The most a drift scales a stored cost, either way.
 const DRIFT_CAP: f64 = model::OUTLIER_CAP;
 
-/// What starting an engine's lanes for a batch costs it, about: a lane thread's start,
-/// its barrier and its join took a third of a batch of 400 tiny jobs under the
-/// testbed's emulation (the dispatcher's deferred lanes), a batch that `only:cpu` runs
-/// in ~2.7 ms there. In `scripts/bench-short` the eighth batch, the second at 1 KiB,
-/// is where a declined engine first re-measures: one job, its lane started for it,
-/// beside a ~22 ms batch; on a quiet host (fifteenth session, 8 boots) the rounds
-/// where it took one or two jobs came out at 0.91-0.95 of the best single engine in
-/// 4 of 5 (the fifth 1.41), the module-alone rounds after them at 0.78-1.07. Counted
-/// in full the start would allow a re-measurement only beside ~110 ms of work, not in
-/// the seeds' 400-job batches of 1 KiB (~45 ms), where a wrong near-tie choice must be
-/// able to come back: a re-measurement counts its share ([`model::REMEASURE_RATIO`]).
+/// What starting an engine's lanes for a batch costs, about, under the testbed's
+/// emulation (a thread's start, barrier and join: a third of a 2.7 ms batch of 400 tiny
+/// jobs). A re-measurement counts its share of it ([`model::REMEASURE_RATIO`]).
 const LANE_START: Duration = Duration::from_millis(1);
 
 /// A lane of a sole batch has no class yet.
@@ -318,25 +286,18 @@ struct Pull {
 struct LaneState {
     /// The timed pull in progress.
     pull: Option<Pull>,
-    /// A class this lane may keep taking from without deciding again, and the wake-up
-    /// epoch when that was decided: set while every lane of the other engines waits,
-    /// so nothing but an event (which wakes them and bumps the epoch) can change the
-    /// answer. Deciding costs ~100 floating-point operations per pull, a few
-    /// microseconds under the testbed's emulation: 15% of a batch of 8-byte jobs.
+    /// A class this lane may keep taking from without deciding again, and the epoch
+    /// when that was decided: set while every lane of the other engines waits, so only
+    /// an event (which bumps the epoch) can change the answer.
     streak: Option<(u64, usize)>,
     /// Pulls taken on streaks so far; only every [`STREAK_SAMPLE`]th is timed.
     streak_pulls: u32,
 }
 
 /// A lane's run through the classes in a sole batch, in atomics with plain loads and
-/// stores (only the lane's thread touches them) so that a pull takes no lock: under the
-/// testbed's emulation a lock and a few counters per pull cost a batch of 8-byte jobs
-/// ~10% against `only:cpu`.
-///
-/// The run is timed in *segments* of consecutive pulls of one class, each ended by one
-/// clock read that also starts the next (see [`SOLE_SEGMENT`]): every pull's time is in
-/// exactly one segment and each segment is one sample, so a stall inside the batch is
-/// one sample of several, as with sampled pulls, for one clock read per segment.
+/// stores (only the lane's thread touches them) so that a pull takes no lock. It is
+/// timed in *segments* of consecutive pulls of one class ([`SOLE_SEGMENT`]), each ended
+/// by one clock read that starts the next: one sample per segment.
 #[derive(Debug)]
 struct SoleRun {
     class: AtomicUsize,
@@ -432,13 +393,10 @@ impl AdaptiveSchedule {
         let mut key_index: HashMap<u64, usize> = HashMap::new();
         let mut keys = Vec::new();
         let mut members: Vec<(EngineMask, usize, usize, usize, ListBuilder)> = Vec::new();
-        // Consecutive jobs are mostly of one class: the loop scans a run of jobs of one
-        // class, then looks the class up (hashing) and adds the run whole. Hashing every
-        // job cost ~900 instructions per job under callgrind, a third of a 16-byte job.
+        // Consecutive jobs are mostly of one class: a run of them is looked up (hashed)
+        // once and added whole (hashing every job cost a third of a 16-byte job).
         let jobs = plan.jobs;
-        // Cipher, direction and size bucket compare as one word, equal exactly when all
-        // three are: the derived comparison of the tuple, field by field, was most of
-        // this loop's cost.
+        // Cipher, direction and size bucket compared as one word.
         let code = |job: &JobMeta| {
             (model::bucket(job.len) as u64) << 16
                 | (job.cipher.key_size as u64) << 8

@@ -2,47 +2,33 @@
 //! a class costs on one lane of each engine, and the rule that decides from it which
 //! class a free lane should take next.
 //!
-//! **Estimates.** Jobs are grouped into *classes* (cipher, direction, and a log2 size
-//! bucket; see [`bucket`]). For every engine and class the model keeps a running
-//! estimate of one job's wall time on one lane — per-size history rather than a fitted
-//! line, because real engines are not linear (a device has a request floor, caches fall
-//! off at some size). An estimate starts from the calibration store when it has the
-//! class ([`Estimate::seeded`]), else from probe jobs, the first of which is thrown
-//! away (it pays for the key schedule, the socket's `setkey`, cold caches). Later
-//! samples enter an exponential moving average, so the estimate follows load changes:
-//! that is how the policy notices a busy CPU or a slower device. Timing noise only adds
-//! time, so a sample far above the estimate counts at most [`OUTLIER_CAP`] times it and
-//! one far below counts at least half ([`FAST_DOWN`]).
+//! **Estimates.** Per engine and class (cipher, direction, log2 size [`bucket`]) a
+//! running estimate of one job's wall time on one lane: per-size history, not a fitted
+//! line, since real engines are not linear. It starts from the store
+//! ([`Estimate::seeded`]) or from probe jobs (the first thrown away: key set-up, cold
+//! caches), then follows the load as a moving average. Timing noise only adds time, so
+//! a sample counts at most [`OUTLIER_CAP`] times the estimate and one far below it at
+//! least half ([`FAST_DOWN`]).
 //!
 //! **Placement rule** ([`decide`]). A free lane of engine `me` may take a job of class
 //! `q` only if
-//! 1. *cost rule* — when every lane has a core of its own, any engine may; when the
-//!    host is oversubscribed (more lanes than cores), engines slow each other down
-//!    (driving a module takes CPU time from the CPU lanes, and busy CPU lanes delay the
-//!    module's submissions and completions), so the class's *best single engine* (most
-//!    lanes per second of job time) may, and another engine only if the calibration
-//!    measured that running both side by side gains at least [`MIX_GAIN`] over the
-//!    other alone (`calibration::Calibration::mix_gain`); unmeasured, it stays out; and
-//! 2. *end-game rule* — it will finish the job before the other lanes would have
-//!    finished all the remaining work anyway (fluid estimate over their rates); a slow
-//!    engine therefore stops taking work as the batch ends instead of holding the last
-//!    job while everyone waits.
+//! 1. *cost rule* — when every lane has a core, any engine may; on an oversubscribed
+//!    host, the class's best single engine may, and another only if the calibration
+//!    measured both side by side at least [`MIX_GAIN`] over the other alone; and
+//! 2. *end-game rule* — it will finish the job before the other lanes would finish all
+//!    the remaining work anyway (fluid estimate), so a slow engine stops as the batch
+//!    ends instead of holding the last job.
 //!
-//! Among the classes it may take, the lane picks the one where its engine is relatively
-//! best (largest ratio of the best other engine's cost to its own), largest jobs first
-//! on ties: a module takes the big jobs and leaves the small ones to the CPU, as the
-//! optimal fluid split of unrelated machines does. Some engine always passes the cost
-//! rule (the best single engine does), and among those that pass it the lane with the
-//! shortest time per job always passes the end-game rule, so some lane always makes
-//! progress.
+//! The lane takes the class where its engine is relatively best (the best other
+//! engine's cost over its own), largest jobs first on ties. The best single engine
+//! always passes the cost rule, and the fastest lane among those that pass always
+//! passes the end-game rule, so some lane always makes progress.
 //!
-//! **Exploration.** An engine with no estimate for a class takes up to [`PROBES`] probe
-//! jobs of it, smallest classes first, while the batch is large enough for the probes to
-//! overlap other work. An engine the cost rule declines re-measures the class with one
-//! pull every [`REMEASURE_EVERY`] batches when the others' remaining work is at least
-//! [`REMEASURE_RATIO`] times its cost and its share of its lanes' start: beside the others that pull can only come out slow, so it may only
-//! lower the estimate, which is what brings back an engine that got faster (a CPU whose
-//! load went away).
+//! **Exploration.** An engine with no estimate takes up to [`PROBES`] probe jobs of a
+//! class, smallest first, while the batch is large enough to hide them. A declined
+//! engine re-measures a class with one pull every [`REMEASURE_EVERY`] batches, beside
+//! enough other work ([`REMEASURE_RATIO`]); beside the others that pull can only come
+//! out slow, so it may only lower the estimate (an engine that got faster comes back).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -74,24 +60,18 @@ pub struct Cost {
     pub cpu: f64,
 }
 
-/// Samples the moving average of a job's cost spans: about the last eight matter,
-/// enough to smooth scheduler jitter, few enough to follow a load change within a few
-/// dozen jobs.
+/// Samples the moving average spans: enough to smooth scheduler jitter, few enough to
+/// follow a load change within a few dozen jobs.
 pub const WINDOW: u32 = 8;
 
-/// Once an estimate is usable, a sample counts at most this many times the current
-/// value: a lane descheduled for a while (a 280 ms stall in a batch that takes 25 ms in
-/// the testbed) is not the engine's cost, and one such sample in an eight-sample
-/// average made the CPU look slower than the module at 1 KiB for the rest of the run.
-/// A real change of load still comes through, by up to this factor per sample.
+/// Once an estimate is usable, a sample counts at most this many times it: a lane
+/// descheduled for a while (a 280 ms stall in a 25 ms batch in the testbed) is not the
+/// engine's cost; a real change of load still comes through, by this factor a sample.
 pub const OUTLIER_CAP: f64 = 4.0;
 
-/// A cost sample below 1/`FAST_DOWN` of the estimate counts at least half. Timing
-/// noise only adds time (a stall, a lane descheduled, a neighbour's burst), so such a
-/// sample says the estimate is inflated: in the soft testbed the module's first 16 KiB
-/// probes came out slow during a host stall, and averaged at the plain weight, the
-/// samples that showed its true cost took 11 batches to bring the module back. A load
-/// that really eases comes through at once too.
+/// A sample below 1/`FAST_DOWN` of the estimate counts at least half: timing noise only
+/// adds time, so such a sample says the estimate is inflated (at the plain weight, the
+/// testbed module's slow first 16 KiB probes took 11 batches to wash out).
 pub const FAST_DOWN: f64 = 1.5;
 
 /// Samples an estimate needs before it is trusted: the first is discarded (warm-up).
@@ -106,34 +86,24 @@ pub const PROBES: usize = 3;
 /// remain: a probe then overlaps other lanes' work instead of ending the batch late.
 pub const PROBE_MIN_REMAINING_PER_LANE: usize = 4;
 
-/// Once an engine knows a smaller size of the same cipher, a probe of a larger one is
-/// allowed only if this many times its pessimistic estimate (cost in proportion to
-/// length, an upper bound for any cost of the form fixed + per-byte) still fits in the
-/// time the other lanes need for the remaining work: the extrapolation does not know
-/// how much the lanes beside it slow the probe (a 16-byte probe on the testbed's module,
-/// extrapolated at 2 ms, took 7.7 ms beside the CPU lane and tripled a 4.7 ms batch).
+/// Once an engine knows a smaller size of the same cipher, it probes a larger one only
+/// if this many times its pessimistic estimate (cost in proportion to length) fits in
+/// the others' remaining work: the lanes beside a probe slow it (a testbed module probe
+/// extrapolated at 2 ms took 7.7 ms beside the CPU lane).
 pub const PROBE_SAFETY: f64 = 4.0;
 
 /// A declined engine re-measures a class (one pull) only when the others' remaining
-/// work is at least this many times the pull's estimated cost plus its share of the
-/// start of the engine's lanes, where they would start only for it
-/// ([`View::start_cost`], spread over the [`REMEASURE_EVERY`] batches a re-measurement
-/// serves): the pull then takes at most about 1% of its batch and the start about 1%
-/// of each batch on average, the price of noticing that the engine got faster.
+/// work is at least this many times the pull's cost plus its share of its lanes' start
+/// ([`View::start_cost`] over [`REMEASURE_EVERY`]): about 1% of a batch each.
 pub const REMEASURE_RATIO: f64 = 100.0;
 
-/// A declined engine re-measures at most once in this many batches. Small on average,
-/// a re-measurement still starts the engine's lane and, on a busy host, one module
-/// request can take tens of milliseconds that the batch waits for (one round of 200
-/// 1 KiB requests took 803 ms in the soft guest against 61-67 ms in the others): once
-/// in eight batches, and an engine that got faster is back within a few times that.
+/// A declined engine re-measures at most once in this many batches: on a busy host one
+/// module request can take tens of milliseconds that the batch waits for.
 pub const REMEASURE_EVERY: u32 = 8;
 
 /// An engine other than a class's best single engine joins it on an oversubscribed host
-/// only if the calibration measured both engines side by side at least this much faster
-/// than the other alone. A mix measured at a gain of a few percent is within what the
-/// guest's runs vary by, and what joining costs at a batch's end (the joining engine's
-/// last job) is not in the calibration's steady-state figure.
+/// only if the calibration measured both side by side at least this much faster than
+/// the other alone: a few percent is within the guest's noise.
 pub const MIX_GAIN: f64 = 1.05;
 
 /// A running estimate of one engine's cost for one class.
@@ -145,11 +115,8 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// An estimate that starts from a cost measured beforehand (the calibration store,
-    /// the median of dozens to thousands of undisturbed requests) as if from [`WINDOW`]
-    /// samples: usable at once and settled, while the run's own samples move it as any
-    /// settled estimate (1/[`WINDOW`] each, at least half for one far below it), so a
-    /// machine that changed since is noticed within a few dozen jobs.
+    /// An estimate that starts from a stored cost as if from [`WINDOW`] samples: usable
+    /// at once and settled; the run's own samples move it as any settled estimate.
     pub fn seeded(wall: f64, cpu: f64) -> Self {
         Estimate {
             wall,
@@ -161,12 +128,8 @@ impl Estimate {
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
     /// the last [`WINDOW`] samples.
     pub fn observe(&mut self, wall: f64, cpu: f64) {
-        // The first sample is only a placeholder (warm-up); of the first two, the lower
-        // starts the estimate (timing noise only adds time: one host stall in the two
-        // probes an estimate starts from set the soft testbed module's 16 KiB cost at
-        // 4.4 ms against its 0.7 ms); then a plain mean until `WINDOW` samples are in,
-        // so early samples are not over-weighted, and from then on an exponential
-        // moving average of that span.
+        // Of the first two samples (the first a warm-up) the lower starts the estimate;
+        // then a plain mean until `WINDOW` samples are in, then a moving average.
         if self.samples < MIN_SAMPLES {
             if self.samples == 0 || self.wall <= 0.0 || wall < self.wall {
                 self.wall = wall;
