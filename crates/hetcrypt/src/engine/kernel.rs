@@ -70,10 +70,11 @@ const SKCIPHER_REQUEST_MAX: usize = 16 * 4096;
 
 /// Smallest skcipher request whose input is spliced into the socket
 /// ([`OpSocket::send_spliced`]) rather than copied by `sendmsg`. Splicing costs two more
-/// system calls (`vmsplice`, `splice`) and saves the kernel copying the input into
-/// pages it allocates; in the TCG guest the copy costs more than the calls from here
-/// up (measured in docs/performance.md, "Splicing the input"); OpenSSL's afalg engine
-/// splices every size.
+/// system calls (`vmsplice`, `splice`) and saves the kernel allocating pages and copying
+/// the input into them. In the TCG guest (the `kernel_splice` example) the two cost the
+/// same at 8 KiB, splicing gains 7-10% at 16 KiB and loses 3-20% at 4 KiB and below
+/// (docs/performance.md, "One request in flight again"). Debian's OpenSSL 3.0 afalg
+/// engine copies at every size.
 const SPLICE_MIN: usize = 8192;
 
 /// Keyed transforms a lane keeps (one per key and algorithm, two sockets each).
