@@ -847,13 +847,16 @@ fn skcipher_requests(
     let mut pos = 0;
     while pos < total {
         let n = step.min(total - pos);
-        watch.check()?;
         let slices = input.slices(pos, n);
         match splicing.filter(|s| n >= s.min && s.pipe.fits(&slices)) {
             Some(s) => ctx.op.send_spliced(op, &iv, &slices, s.pipe),
             None => ctx.op.send(op, &iv, None, &slices),
         }
         .map_err(engine_failure)?;
+        // The look comes last before the `read`, the call that hands the request to
+        // the driver (sending only queues the input in the socket), so that no other
+        // call lies between the look and the request.
+        watch.check()?;
         ctx.op
             .recv_into(&mut out[pos..pos + n])
             .map_err(engine_failure)?;
@@ -931,10 +934,11 @@ fn run_aead(
             ],
         )
     };
-    watch.check()?;
     ctx.op
         .send(op, job.iv(), Some(aad_len), &input)
         .map_err(engine_failure)?;
+    // Last before the `read` that hands the request to the driver, as for skcipher.
+    watch.check()?;
     let read = if rx == 0 {
         ctx.op.recv_nothing()
     } else {
