@@ -597,7 +597,8 @@ impl Lane for KernelLane {
             Err(f) => Err(f),
         };
         self.aad_scratch = scratch;
-        self.pipe = pipe;
+        // A request that failed may have left input in the pipe: never reuse it.
+        self.pipe = pipe.filter(|_| result.is_ok());
         if result.is_err() {
             out.data.clear();
             out.tag = None;
@@ -648,7 +649,7 @@ impl Lane for KernelLane {
                 splicing,
             )
         });
-        self.pipe = pipe;
+        self.pipe = pipe.filter(|_| result.is_ok());
         settle(&state, served, result)
     }
 
