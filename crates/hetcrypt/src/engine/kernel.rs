@@ -72,7 +72,7 @@ const SKCIPHER_REQUEST_MAX: usize = 16 * 4096;
 /// ([`OpSocket::send_spliced`]) rather than copied by `sendmsg`. Splicing costs two more
 /// system calls (`vmsplice`, `splice`) and saves the kernel allocating pages and copying
 /// the input into them. In the TCG guest (the `kernel_splice` example) the two cost the
-/// same at 8 KiB, splicing gains 7-10% at 16 KiB and loses 3-20% at 4 KiB and below
+/// same at 8 KiB, splicing gains 3-10% at 16 KiB and loses 3-20% at 4 KiB and below
 /// (docs/performance.md, "One request in flight again"). Debian's OpenSSL 3.0 afalg
 /// engine copies at every size.
 const SPLICE_MIN: usize = 8192;
