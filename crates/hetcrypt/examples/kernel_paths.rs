@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Arguments (all optional): the driver (default `virtio_crypto_aes_cbc`), seconds per
-//! size (default 1).
+//! size (default 1), the sizes (comma-separated; default `openssl speed`'s six), so that
+//! one size at a time can take turns with `openssl speed -bytes N`.
 
 use std::time::{Duration, Instant};
 
@@ -31,12 +32,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .next()
         .unwrap_or_else(|| "virtio_crypto_aes_cbc".to_string());
     let seconds: f64 = args.next().map_or(Ok(1.0), |s| s.parse())?;
+    let sizes: Vec<usize> = match args.next() {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => SIZES.to_vec(),
+    };
     let engines: Vec<EngineRef> = vec![
         KernelEngine::with_driver(&driver)?.into_engine(),
         DevcryptoEngine::with_driver(&driver)?.into_engine(),
     ];
     print!("{:<40}", "type");
-    for s in SIZES {
+    for s in &sizes {
         print!(" {:>11}", format!("{s} bytes"));
     }
     println!();
@@ -45,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let key = keys.add(Key::new(vec![7; 16]))?;
         let mut lane = engine.open_lane(0)?;
         print!("{:<40}", format!("lane of {}", engine.name()));
-        for size in SIZES {
+        for &size in &sizes {
             let job = Job::new(
                 Cipher::AES_128_CBC,
                 Direction::Encrypt,

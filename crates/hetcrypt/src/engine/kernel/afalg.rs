@@ -4,14 +4,17 @@
 //! a *transform* socket is `bind`-ed to (type, algorithm name) and keyed with
 //! `setsockopt(ALG_SET_KEY)`; `accept` on it gives an *operation* socket; one request is
 //! `sendmsg` (control messages: operation, IV, AAD length; data: the input) followed by
-//! `read` of the output. Everything here is a thin, typed wrapper over those calls
+//! `read` of the output; or, for large inputs, `sendmsg` of the control messages alone
+//! and the input moved in by `vmsplice` + `splice` through a [`SplicePipe`], which the
+//! kernel takes without copying it. Everything here is a thin, typed wrapper over those calls
 //! through `nix`; what a request means (chunking, padding, chaining) is the engine's.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags};
 use nix::sys::socket::{self, sockopt, AddressFamily, AlgAddr, ControlMessage, MsgFlags, SockFlag};
 
 /// An AF_ALG socket type.
@@ -175,6 +178,30 @@ impl OpSocket {
         Ok(())
     }
 
+    /// As [`OpSocket::send`], but the input is not copied: the control messages go in a
+    /// `sendmsg` of their own (`MSG_MORE`), then the input's pages are `vmsplice`d into
+    /// `pipe` and `splice`d from it into the socket, which keeps references to them
+    /// (`af_alg_sendpage`) until the request's `read` returns. The caller checks
+    /// [`SplicePipe::fits`] first, and must not touch `input` before that `read`.
+    pub fn send_spliced(
+        &self,
+        op: Op,
+        iv: &[u8],
+        input: &[IoSlice<'_>],
+        pipe: &SplicePipe,
+    ) -> Result<(), SysError> {
+        let op = match op {
+            Op::Encrypt => nix::libc::ALG_OP_ENCRYPT,
+            Op::Decrypt => nix::libc::ALG_OP_DECRYPT,
+        };
+        let cmsgs = [ControlMessage::AlgSetOp(&op), ControlMessage::AlgSetIv(iv)];
+        // `nix` names no `MSG_MORE`: the request goes on, its data follows.
+        let more = MsgFlags::from_bits_retain(nix::libc::MSG_MORE);
+        socket::sendmsg::<AlgAddr>(self.fd.as_raw_fd(), &[], &cmsgs, more, None)
+            .map_err(at("sendmsg (control)"))?;
+        pipe.feed(input, &self.fd)
+    }
+
     /// Reads the request's output into `out` until every slice is full. A read cut
     /// short by a signal is resumed (it issues no new request).
     pub fn recv_exact(&self, mut out: &mut [IoSliceMut<'_>]) -> Result<(), SysError> {
@@ -265,6 +292,89 @@ impl OpSocket {
     }
 }
 
+/// A pipe through which [`OpSocket::send_spliced`] hands the kernel a request's input
+/// pages instead of a copy of them. One per lane; empty between requests.
+#[derive(Debug)]
+pub(crate) struct SplicePipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    /// Pages it holds at once (one slot per page, whatever part of the page is used).
+    slots: usize,
+}
+
+impl SplicePipe {
+    /// A pipe with room for the pages of an input of `bytes` bytes wherever it lies in
+    /// memory: each of up to two slices (the body and the padding block) may start and
+    /// end within a page, so two pages more per slice than `bytes` fills.
+    pub fn new(bytes: usize) -> Result<Self, SysError> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(at("pipe2"))?;
+        let page = page_size();
+        let want = bytes.div_ceil(page) * page + 4 * page;
+        let want = i32::try_from(want).unwrap_or(i32::MAX);
+        // A smaller pipe (the limit is `fs.pipe-max-size`, 1 MiB by default) still
+        // serves the inputs that fit in it; the rest are sent by copy.
+        let size = nix::fcntl::fcntl(&write, FcntlArg::F_SETPIPE_SZ(want))
+            .or_else(|_| nix::fcntl::fcntl(&write, FcntlArg::F_GETPIPE_SZ))
+            .map_err(at("fcntl(F_SETPIPE_SZ)"))?;
+        Ok(SplicePipe {
+            read,
+            write,
+            slots: usize::try_from(size).unwrap_or(0) / page,
+        })
+    }
+
+    /// Moves `input` into `to` through the pipe: its pages `vmsplice`d in (referenced,
+    /// not copied), then `splice`d out. Into an AF_ALG socket every page but the
+    /// pipe's last goes with "more to come" (the kernel's `MSG_SENDPAGE_NOTLAST`), so
+    /// the request ends with its last byte, whether one splice moves it all or several
+    /// do. The caller checks [`SplicePipe::fits`] first: then one `vmsplice` takes it
+    /// all, and a short one (which would leave a request half-queued) is an error.
+    pub fn feed(&self, input: &[IoSlice<'_>], to: &impl AsFd) -> Result<(), SysError> {
+        let want: usize = input.iter().map(|s| s.len()).sum();
+        let queued = nix::fcntl::vmsplice(&self.write, input, SpliceFFlags::empty())
+            .map_err(at("vmsplice"))?;
+        if queued != want {
+            return Err(SysError {
+                call: "vmsplice (short)",
+                errno: Errno::EIO,
+            });
+        }
+        let mut left = want;
+        while left > 0 {
+            match nix::fcntl::splice(&self.read, None, to, None, left, SpliceFFlags::empty()) {
+                Ok(0) => {
+                    return Err(SysError {
+                        call: "splice (nothing moved)",
+                        errno: Errno::EIO,
+                    })
+                }
+                Ok(n) => left -= n,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(at("splice")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `input` fits in the pipe at once: one slot per page each slice touches.
+    pub fn fits(&self, input: &[IoSlice<'_>]) -> bool {
+        pages_touched(input, page_size()) <= self.slots
+    }
+}
+
+/// The pages of size `page` that the bytes of `input` lie in, counted per slice.
+fn pages_touched(input: &[IoSlice<'_>], page: usize) -> usize {
+    input
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let start = s.as_ptr() as usize;
+            let end = start + s.len();
+            end.div_ceil(page) - start / page
+        })
+        .sum()
+}
+
 /// The page size, in bytes (4 KiB where `sysconf` cannot tell).
 fn page_size() -> usize {
     /// x86-64's page, the fallback.
@@ -275,4 +385,61 @@ fn page_size() -> usize {
         .and_then(|p| usize::try_from(p).ok())
         .filter(|p| p.is_power_of_two())
         .unwrap_or(DEFAULT_PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_counted_per_slice_wherever_it_starts() {
+        let page = 4096;
+        let buf = vec![0u8; 4 * page];
+        // An aligned start is not guaranteed: find the first page boundary.
+        let skip = (page - buf.as_ptr() as usize % page) % page;
+        let at = |from: usize, len: usize| IoSlice::new(&buf[skip + from..skip + from + len]);
+        assert_eq!(pages_touched(&[at(0, page)], page), 1);
+        assert_eq!(pages_touched(&[at(1, page)], page), 2);
+        assert_eq!(pages_touched(&[at(page - 1, 2)], page), 2);
+        assert_eq!(pages_touched(&[at(0, 1), at(page, 1)], page), 2);
+        assert_eq!(pages_touched(&[at(0, 0)], page), 0);
+    }
+
+    #[test]
+    fn a_pipe_holds_a_whole_request_and_feeds_it_intact_twice() {
+        let pipe = SplicePipe::new(64 * 1024).expect("pipe");
+        let body: Vec<u8> = (0..64 * 1024 - 16).map(|i| (i % 251) as u8).collect();
+        let tail = [0xAB_u8; 16];
+        let input = [IoSlice::new(&body), IoSlice::new(&tail)];
+        assert!(pipe.fits(&input), "{} slots", pipe.slots);
+        let (mut rx, tx) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        // Big enough socket buffers for a whole request at once.
+        nix::sys::socket::setsockopt(&tx, sockopt::SndBuf, &(1 << 20)).expect("sndbuf");
+        nix::sys::socket::setsockopt(&rx, sockopt::RcvBuf, &(1 << 20)).expect("rcvbuf");
+        for _ in 0..2 {
+            let reader = {
+                let mut rx = rx.try_clone().expect("clone");
+                std::thread::spawn(move || {
+                    let mut got = vec![0u8; 64 * 1024];
+                    std::io::Read::read_exact(&mut rx, &mut got).expect("read");
+                    got
+                })
+            };
+            pipe.feed(&input, &tx).expect("feed");
+            let got = reader.join().expect("reader");
+            assert_eq!(&got[..body.len()], &body[..]);
+            assert_eq!(&got[body.len()..], &tail[..]);
+        }
+        // Nothing is left behind in the pipe or the socket.
+        rx.set_nonblocking(true).expect("nonblocking");
+        let mut more = [0u8; 1];
+        assert!(std::io::Read::read(&mut rx, &mut more).is_err());
+    }
+
+    #[test]
+    fn an_input_with_more_pages_than_slots_does_not_fit() {
+        let pipe = SplicePipe::new(4096).expect("pipe");
+        let big = vec![0u8; (pipe.slots + 1) * 4096];
+        assert!(!pipe.fits(&[IoSlice::new(&big)]));
+    }
 }

@@ -18,7 +18,13 @@
 //! (`0000:00:02.0`) are looked at too before keying. The look is an `fstatat` of
 //! `driver` relative to a descriptor of the device's sysfs directory held open: one
 //! path component, not the six of the full path (an `lstat` of that cost 21-34 µs in
-//! the TCG guest, against 7.6 µs, on requests of 70-150 µs); and (2) once
+//! the TCG guest, against 7.6 µs, on requests of 70-150 µs). No signal that costs the
+//! request path no system call comes as early: everything the 6.1 kernel tells user
+//! space about the removal (the `unbind` and `remove` uevents, the unmapping of an
+//! mmapped PCI resource file) comes after the driver's remove function has run, and
+//! removing a sysfs link raises no inotify event and no `POLLPRI`; a thread watching
+//! for those would flag the device only once a request on it can already oops the
+//! kernel (docs/performance.md, "One request in flight again"); and (2) once
 //! the engine has failed, hands its sockets to a child process that keeps them open and
 //! sleeps, so this process can still exit.
 
