@@ -494,9 +494,19 @@ mod tests {
         };
         let mut buf = [0u8; SCHEDSTAT_LEN];
         let before = f.read(&mut buf).and_then(run_ns).expect("schedstat parses");
-        let busy: u64 = (0..2_000_000u64).fold(0, |a, x| a ^ x.wrapping_mul(2_654_435_761));
-        assert_ne!(busy, 1);
-        let after = f.read(&mut buf).and_then(run_ns).expect("schedstat parses");
+        // The kernel adds a running thread's time at its ticks and switches: spin
+        // (work the optimiser cannot drop) until a read shows more, for at most
+        // `PATIENCE`, which only a file read once and kept would exhaust.
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+        let start = std::time::Instant::now();
+        let mut after = before;
+        while after <= before && start.elapsed() < PATIENCE {
+            let busy = (0..200_000u64).fold(0, |a, x| {
+                std::hint::black_box(a ^ x.wrapping_mul(2_654_435_761))
+            });
+            std::hint::black_box(busy);
+            after = f.read(&mut buf).and_then(run_ns).expect("schedstat parses");
+        }
         assert!(after > before, "{before} -> {after}");
         let stat = ProcFile::open("/proc/stat").expect("/proc/stat opens");
         let mut head = [0u8; STAT_HEAD];

@@ -164,7 +164,7 @@ fn adaptive_runs_record_what_the_policy_learned() {
 
 #[test]
 fn out_dir_gets_markdown_json_and_charts() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let out = dir.path().join("results");
     let out_s = out.to_str().unwrap();
     let md = run_ok(&tiny(&["--out", out_s]));
@@ -199,7 +199,7 @@ fn out_dir_gets_markdown_json_and_charts() {
 
 #[test]
 fn input_dir_groups_files_by_length() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     for (i, len) in [5usize, 5, 5, 100, 100].iter().enumerate() {
         std::fs::write(dir.path().join(format!("f{i}")), vec![i as u8; *len]).unwrap();
     }
@@ -228,7 +228,7 @@ fn input_dir_groups_files_by_length() {
 
 #[test]
 fn bad_input_fails_with_one_sentence_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let out = dir.path().join("out");
     let out_s = out.to_str().unwrap();
     let a_file = dir.path().join("a-file");

@@ -43,7 +43,7 @@ fn calibrate_help() {
 
 #[test]
 fn calibrates_stores_and_shows() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let store = dir.path().join("state/calibration.json");
     let store = store.to_str().unwrap();
     let json: serde_json::Value =
@@ -94,7 +94,7 @@ fn calibrates_stores_and_shows() {
 
 #[test]
 fn show_refuses_a_missing_or_corrupt_store_in_one_sentence() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let missing = dir.path().join("none.json");
     let err = fails(&[
         "calibrate",
@@ -123,7 +123,7 @@ fn show_refuses_a_missing_or_corrupt_store_in_one_sentence() {
 /// names it.
 #[test]
 fn an_unwritable_store_fails_before_measuring() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
     let store = file.join("cal.json");
@@ -136,7 +136,7 @@ fn an_unwritable_store_fails_before_measuring() {
 /// A store measured elsewhere is shown, marked stale, with one warning.
 #[test]
 fn show_marks_a_foreign_store_stale() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let store = dir.path().join("cal.json");
     let store = store.to_str().unwrap();
     ok_stdout(&mut quick(store));
@@ -158,7 +158,7 @@ fn show_marks_a_foreign_store_stale() {
 /// Two calibrations writing the same store at once leave one whole, valid store.
 #[test]
 fn two_calibrations_at_once_leave_a_valid_store() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let store = dir.path().join("cal.json");
     let store = store.to_str().unwrap();
     let children: Vec<_> = (0..2)
@@ -183,7 +183,7 @@ fn two_calibrations_at_once_leave_a_valid_store() {
 /// no word, a corrupt one exactly one warning, and the run goes on without it.
 #[test]
 fn policies_read_the_store_and_warn_once_about_a_bad_one() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let store = dir.path().join("cal.json");
     let store = store.to_str().unwrap();
     ok_stdout(&mut quick(store));

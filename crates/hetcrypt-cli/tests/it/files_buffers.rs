@@ -60,10 +60,6 @@ fn content(i: usize) -> Vec<u8> {
 /// The format's chunk (plaintext bytes).
 const CHUNK: usize = 16 * 1024;
 
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
-}
-
 fn files() -> usize {
     ROUNDS * SIZES.len()
 }
@@ -78,7 +74,7 @@ fn make_tree(root: &Path) {
 
 #[test]
 fn a_tree_of_many_sizes_round_trips_exactly_through_reused_buffers() {
-    let t = scratch();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let (src, enc, dec) = (
         t.path().join("src"),
@@ -104,7 +100,7 @@ fn a_tree_of_many_sizes_round_trips_exactly_through_reused_buffers() {
 /// before it.
 #[test]
 fn a_file_encrypted_alone_and_in_the_tree_has_the_same_length() {
-    let t = scratch();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let (src, enc) = (t.path().join("src"), t.path().join("enc"));
     make_tree(&src);

@@ -29,7 +29,7 @@ fn empty(dir: &Path) -> bool {
 
 #[test]
 fn a_symlink_inside_the_destination_is_never_written_through() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir_all(src.join("sub")).unwrap();
@@ -88,7 +88,7 @@ fn a_symlink_inside_the_destination_is_never_written_through() {
 
 #[test]
 fn a_source_swapped_for_a_link_fifo_or_device_after_listing_is_skipped_not_read() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let secret = t.path().join("root-only");
     fs::write(&secret, b"root's secret").unwrap();
@@ -144,7 +144,7 @@ fn a_source_swapped_for_a_link_fifo_or_device_after_listing_is_skipped_not_read(
 
 #[test]
 fn setuid_setgid_and_sticky_bits_never_reach_an_output() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("tool");
     fs::write(&src, b"#!/bin/sh\n").unwrap();
@@ -163,7 +163,7 @@ fn setuid_setgid_and_sticky_bits_never_reach_an_output() {
 
 #[test]
 fn an_output_inside_its_input_is_refused_before_anything_is_written() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let nest = t.path().join("nest");
     fs::create_dir_all(nest.join("d")).unwrap();
@@ -213,7 +213,7 @@ fn an_output_inside_its_input_is_refused_before_anything_is_written() {
 
 #[test]
 fn a_source_directory_swapped_for_a_link_after_listing_is_not_followed() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let outside = t.path().join("outside");
     fs::create_dir(&outside).unwrap();

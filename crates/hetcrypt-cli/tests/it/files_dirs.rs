@@ -19,7 +19,7 @@ fn set_mode(p: &Path, mode: u32) {
 
 #[test]
 fn empty_directories_come_back_with_their_modes() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = t.path().join("key");
     let o = run(&[&"keygen", &"-o", &key]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -75,7 +75,7 @@ fn empty_directories_come_back_with_their_modes() {
 
 #[test]
 fn an_existing_output_directory_keeps_its_mode_and_a_file_in_the_way_fails() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = t.path().join("key");
     assert!(run(&[&"keygen", &"-o", &key]).status.success());
     let tree = t.path().join("tree");

@@ -23,7 +23,7 @@ fn summary(o: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn a_tree_is_made_durable_by_a_few_syncs_not_one_per_file() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     for i in 0..FILES {
@@ -55,7 +55,7 @@ fn a_tree_is_made_durable_by_a_few_syncs_not_one_per_file() {
 
 #[test]
 fn a_file_failing_mid_pipeline_leaves_no_output_and_no_temporary() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     // 300 chunks: more than a window, so the failure comes after batches were written
     // behind into the output's temporary.
@@ -93,7 +93,7 @@ fn a_file_failing_mid_pipeline_leaves_no_output_and_no_temporary() {
 
 #[test]
 fn the_summary_reports_peak_memory_under_the_bound() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let big = t.path().join("big");
     // Sparse: cheap to make; a whole-file buffer would need all of it.

@@ -73,7 +73,7 @@ fn make_tree(root: &Path) {
 
 #[test]
 fn tree_round_trip_with_both_aeads() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let src = t.path().join("src");
     make_tree(&src);
     std::os::unix::fs::symlink("a", src.join("link")).unwrap();
@@ -117,7 +117,7 @@ fn tree_round_trip_with_both_aeads() {
 
 #[test]
 fn single_files_stdin_stdout_and_force() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = keygen(t.path(), "128");
     let plain = t.path().join("note.txt");
     fs::write(&plain, pattern(40_000, 3)).unwrap();
@@ -181,7 +181,7 @@ fn pipe(args: &[&str], input: &[u8]) -> Output {
 
 #[test]
 fn tampered_truncated_and_foreign_files_fail_alone_and_leave_nothing() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = keygen(t.path(), "128");
     let src = t.path().join("src");
     make_tree(&src);
@@ -262,7 +262,7 @@ fn tampered_truncated_and_foreign_files_fail_alone_and_leave_nothing() {
 
 #[test]
 fn full_disk_missing_inputs_and_usage_errors() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = keygen(t.path(), "128");
     let plain = t.path().join("p");
     fs::write(&plain, pattern(100_000, 9)).unwrap();
@@ -346,7 +346,7 @@ fn full_disk_missing_inputs_and_usage_errors() {
 
 #[test]
 fn an_unreadable_input_fails_alone_and_leaves_nothing() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = keygen(t.path(), "128");
     let good = t.path().join("good");
     fs::write(&good, pattern(50_000, 11)).unwrap();
@@ -399,7 +399,7 @@ fn peak_rss_kib(mut cmd: Command) -> (std::process::ExitStatus, u64) {
 
 #[test]
 fn memory_stays_bounded_for_a_large_file() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = keygen(t.path(), "128");
     // 80 MiB (sparse: cheap to make, read as zeros): whole-file buffering would need
     // at least that much memory; the pipeline holds a 4 MiB window.

@@ -35,7 +35,7 @@ fn run_within(mut cmd: std::process::Command) -> Output {
 
 #[test]
 fn a_ciphertext_padded_to_one_tebibyte_fails_at_once() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let plain = t.path().join("plain");
     fs::write(&plain, vec![7u8; 40_000]).unwrap();
@@ -97,7 +97,7 @@ const FD_TEST_FILES: usize = 30;
 
 #[test]
 fn a_tree_of_300_files_under_ulimit_64_does_not_run_out_of_descriptors() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     for d in 0..FD_TEST_DIRS {
@@ -123,7 +123,7 @@ fn a_tree_of_300_files_under_ulimit_64_does_not_run_out_of_descriptors() {
 
 #[test]
 fn a_255_byte_name_works_and_errors_name_the_user_path_and_side() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     // 252 bytes: its .hc name has the maximum 255 (the old temporary name added 12).
     let name = "n".repeat(252);
@@ -168,7 +168,7 @@ fn a_255_byte_name_works_and_errors_name_the_user_path_and_side() {
 
 #[test]
 fn control_characters_in_names_cannot_forge_summary_lines() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let enc = t.path().join("enc");
     fs::create_dir(&enc).unwrap();
@@ -201,7 +201,7 @@ fn control_characters_in_names_cannot_forge_summary_lines() {
 #[test]
 fn keys_and_streams_refuse_what_would_betray_the_user() {
     use std::os::unix::fs::PermissionsExt;
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let plain = t.path().join("plain");
     fs::write(&plain, b"data").unwrap();
@@ -288,7 +288,7 @@ fn keys_and_streams_refuse_what_would_betray_the_user() {
 #[test]
 fn sparse_regions_stay_sparse_when_decrypted() {
     use std::os::unix::fs::MetadataExt;
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let plain = t.path().join("sparse");
     // 8 MiB: data, a 7 MiB hole, data.
@@ -340,7 +340,7 @@ fn sparse_regions_stay_sparse_when_decrypted() {
 /// hook `hook` changing `name` after its first read: `name` fails as changed while it
 /// was read and leaves no output, `still` is encrypted, no temporary is left.
 fn a_changed_file_fails_alone(hook: &str, name: &str, size: usize) {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir(&src).unwrap();
@@ -423,7 +423,7 @@ fn deep_contents(root: &Path, levels: usize, file: &str) -> Vec<Vec<u8>> {
 #[test]
 fn a_tree_deeper_than_path_max_is_walked_not_skipped() {
     const LEVELS: usize = 25; // 25 x 201 bytes: about 5,000, past PATH_MAX (4,096)
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     deep_tree(&src, LEVELS);

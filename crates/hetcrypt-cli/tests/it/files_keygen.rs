@@ -9,7 +9,7 @@ fn hetcrypt() -> Command {
 
 #[test]
 fn writes_private_hex_keys_of_both_sizes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     for (bits, digits) in [(None, 32), (Some("128"), 32), (Some("256"), 64)] {
         let path = dir.path().join(format!("key-{bits:?}"));
         let mut cmd = hetcrypt();
@@ -47,7 +47,7 @@ fn writes_private_hex_keys_of_both_sizes() {
 
 #[test]
 fn refuses_to_overwrite_and_rejects_bad_sizes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::files_support::scratch();
     let path = dir.path().join("key");
     std::fs::write(&path, "precious").unwrap();
     let out = hetcrypt()

@@ -22,7 +22,7 @@ fn an_input_root_cannot_read_fails_alone_with_permission_denied() {
         );
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let good = t.path().join("good");
     fs::write(&good, b"readable").unwrap();
@@ -51,7 +51,7 @@ fn an_input_root_cannot_read_fails_alone_with_permission_denied() {
 
 #[test]
 fn an_output_root_cannot_write_fails_with_permission_denied() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let good = t.path().join("good");
     fs::write(&good, b"readable").unwrap();
@@ -93,7 +93,7 @@ fn an_output_root_cannot_write_fails_with_permission_denied() {
 fn a_summary_reader_that_went_away_is_not_a_crash() {
     // `hetcrypt encrypt ... --json | head -1`: the reader may be gone before the
     // summary is written; the run itself succeeded.
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let good = t.path().join("good");
     fs::write(&good, b"readable").unwrap();

@@ -119,7 +119,7 @@ fn wait(child: &mut Child) -> std::process::ExitStatus {
 
 #[test]
 fn sigint_sigterm_sighup_during_decrypt_leave_no_plaintext() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let ct = ciphertext(t.path(), &key);
     for named in [false, true] {
@@ -152,7 +152,7 @@ fn sigint_sigterm_sighup_during_decrypt_leave_no_plaintext() {
 
 #[test]
 fn kill_9_leaves_nothing_or_a_named_temporary_the_next_run_removes() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let ct = ciphertext(t.path(), &key);
     for named in [false, true] {
@@ -188,7 +188,7 @@ fn kill_9_leaves_nothing_or_a_named_temporary_the_next_run_removes() {
 
 #[test]
 fn decrypt_to_stdout_streams_without_a_staging_copy_and_fails_on_truncation() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let ct = ciphertext(t.path(), &key);
     let tmpdir = t.path().join("tmpdir");

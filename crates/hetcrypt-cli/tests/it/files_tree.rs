@@ -40,7 +40,7 @@ fn reason(s: &serde_json::Value, name: &str) -> String {
 
 #[test]
 fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir_all(src.join("sub")).unwrap();
@@ -204,7 +204,7 @@ fn a_swapped_renamed_deleted_added_or_rolled_back_file_is_named_and_not_written(
 
 #[test]
 fn a_folder_of_an_encrypted_tree_is_checked_against_the_manifest_above_it() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir_all(src.join("sub/deep")).unwrap();
@@ -250,7 +250,7 @@ fn an_independent_python_reader_decrypts_a_tree_and_checks_its_manifest() {
         );
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let src = t.path().join("src");
     fs::create_dir_all(src.join("a/b")).unwrap();
@@ -322,7 +322,7 @@ fn random_trees_round_trip_byte_for_byte() {
     const PIECES: [&str; 8] = ["a", " b", "ü", "-x", ".h", "日本", "c.hc", "_"];
     // Chunk edges and small odd sizes.
     const SIZES: [usize; 7] = [0, 1, 16383, 16384, 16385, 32768, 777];
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     for seed in 1..=6u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -372,7 +372,7 @@ fn random_trees_round_trip_byte_for_byte() {
 
 #[test]
 fn trees_nested_in_the_input_are_each_checked_against_their_own_manifest() {
-    let t = tempfile::tempdir().unwrap();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     for name in ["a", "b"] {
         let d = t.path().join(name);

@@ -26,21 +26,6 @@ const MODES: [u32; 5] = [0o644, 0o600, 0o755, 0o640, 0o444];
 /// any mode above allows.
 const UMASKS: [&str; 3] = ["000", "022", "077"];
 
-/// Where these tests write: tmpfs where the machine has one. What they check is which
-/// thread makes and names an output, not durability (files_durability's), and each
-/// run syncs its outputs: on a shared disk those syncs made this binary 4 s of wall
-/// time for 2 s of CPU.
-const SCRATCH: &str = "/dev/shm";
-
-fn scratch() -> tempfile::TempDir {
-    if Path::new(SCRATCH).is_dir() {
-        if let Ok(t) = tempfile::tempdir_in(SCRATCH) {
-            return t;
-        }
-    }
-    tempfile::tempdir().unwrap()
-}
-
 fn rel(i: usize) -> PathBuf {
     PathBuf::from(format!("d{}/f{i:03}", i / PER_DIR))
 }
@@ -93,7 +78,7 @@ fn run_json(umask: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, serde_j
 #[test]
 fn a_tree_shared_by_writer_and_settler_round_trips_with_contents_and_modes() {
     for umask in UMASKS {
-        let t = scratch();
+        let t = crate::files_support::scratch();
         let key = key(t.path());
         let (src, enc, dec) = (
             t.path().join("src"),
@@ -126,7 +111,7 @@ fn a_tree_shared_by_writer_and_settler_round_trips_with_contents_and_modes() {
 
 #[test]
 fn outputs_in_the_way_fail_alone_whichever_thread_settles_them() {
-    let t = scratch();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let (src, enc) = (t.path().join("src"), t.path().join("enc"));
     make_tree(&src);
@@ -166,7 +151,7 @@ fn outputs_in_the_way_fail_alone_whichever_thread_settles_them() {
 
 #[test]
 fn outputs_that_fail_to_settle_fail_alone_whichever_thread_settles_them() {
-    let t = scratch();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let (src, enc) = (t.path().join("src"), t.path().join("enc"));
     make_tree(&src);
@@ -215,7 +200,7 @@ fn default_acl() -> Vec<u8> {
 /// gives it.
 #[test]
 fn under_a_default_acl_outputs_still_get_their_inputs_modes() {
-    let t = scratch();
+    let t = crate::files_support::scratch();
     let key = key(t.path());
     let (src, enc, dec) = (
         t.path().join("src"),
