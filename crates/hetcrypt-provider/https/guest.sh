@@ -45,7 +45,7 @@ head -c 16384 /dev/urandom >"$W/www/16k"
 head -c 1048576 /dev/urandom >"$W/www/1m"
 cp "$BIN/https-cert/cert.pem" "$BIN/https-cert/key.pem" "$W/"
 
-cnf() { # cfg -> openssl.cnf for nginx
+cnf() { # cfg [stats file] -> openssl.cnf for nginx
 	if [ "$1" = default ]; then
 		cat <<CNF
 openssl_conf = openssl_init
@@ -76,13 +76,13 @@ activate = 1
 module = $BIN/$so
 activate = 1
 policy = $policy
-stats = $W/stats
+stats = ${2:-$W/stats}
 [algorithm_sect]
 default_properties = ?provider=hetcrypt
 CNF
 }
 
-nginx_conf() { # suite -> nginx.conf
+nginx_conf() { # suite [port] [pid file] -> nginx.conf
 	case $1 in
 	tls12-cbc) proto=TLSv1.2 ciphers=ECDHE-RSA-AES128-SHA256 ;;
 	# The seed's own MAC (DES-CBC-SHA): HMAC-SHA1, cheaper than SHA-256 on the CPU.
@@ -93,7 +93,7 @@ nginx_conf() { # suite -> nginx.conf
 	cat <<CONF
 user root;
 worker_processes 1;
-pid $W/nginx.pid;
+pid ${3:-$W/nginx.pid};
 error_log $W/logs/error.log warn;
 env HETCRYPT_PROVIDER_TRACE;
 events { worker_connections 256; }
@@ -106,7 +106,7 @@ http {
     scgi_temp_path $W/scgi;
     keepalive_requests 100000;
     server {
-        listen 127.0.0.1:$PORT ssl;
+        listen 127.0.0.1:${2:-$PORT} ssl;
         ssl_certificate $W/cert.pem;
         ssl_certificate_key $W/key.pem;
         ssl_protocols $proto;
@@ -144,22 +144,69 @@ pids_of() {
 # The pid of nginx's worker; the pids of nginx's master and workers.
 worker_pid() { pids_of "nginx: worker" | head -n 1; }
 nginx_pids() { pids_of "nginx: "; }
+# The worker of the nginx whose master's pid is in file $1.
+worker_of() {
+	master=$(cat "$1" 2>/dev/null) || return 0
+	for d in /proc/[0-9]*; do
+		# Field 4 of stat is the parent's pid (the command name, field 2, has no
+		# spaces here).
+		set -- $(cat "$d/stat" 2>/dev/null) x x x x
+		[ "$4" = "$master" ] && echo "${d#/proc/}" && return 0
+	done
+}
+# The configurations, once each, in first-seen order: CONFIGS lists them REPEAT times
+# over (scripts/bench-https --repeat), so it falls into chunks of this many, one per
+# repeat.
+distinct=""
 for cfg in $CONFIGS; do
-	cnf "$cfg" >"$W/openssl-$cfg.cnf"
+	case " $distinct " in *" $cfg "*) ;; *) distinct="$distinct $cfg" ;; esac
+done
+distinct=${distinct# }
+ncfg=$(echo "$distinct" | wc -w)
+port_of() { # cfg -> the port of its nginx (one per configuration, side by side)
+	i=0
+	for c in $distinct; do
+		[ "$c" = "$1" ] && echo $((PORT + 1 + i)) && return
+		i=$((i + 1))
+	done
+}
+for cfg in $distinct; do cnf "$cfg" "$W/stats-$cfg" >"$W/openssl-$cfg.cnf"; done
+# Each repeat starts one nginx per configuration for each suite, all at once on their
+# own ports, and runs every cell through each in turn: the runs of one cell that a
+# ratio pairs lie seconds apart, not a whole suite's runs apart (a minute of host
+# noise then moves one cell's pair, not every cell of one configuration alike). Each
+# nginx lives for one suite of one repeat, as before. The order within a repeat is the
+# chunk's, rotated once per repeat, so no configuration always runs first.
+set -- $CONFIGS
+rep=0
+while [ $# -gt 0 ]; do
+	chunk=""
+	i=0
+	while [ "$i" -lt "$ncfg" ] && [ $# -gt 0 ]; do chunk="$chunk $1"; shift; i=$((i + 1)); done
+	chunk=${chunk# }
+	i=0
+	while [ "$i" -lt $((rep % ncfg)) ]; do chunk="${chunk#* } ${chunk%% *}"; i=$((i + 1)); done
+	rep=$((rep + 1))
 	for suite in $SUITES; do
-		nginx_conf "$suite" >"$W/nginx.conf"
-		rm -f "$W/stats"
-		if ! OPENSSL_CONF=$W/openssl-$cfg.cnf nginx -c "$W/nginx.conf"; then
-			echo "ERROR $cfg $suite nginx did not start"; cat "$W/logs/error.log"; continue
-		fi
+		up=""
+		for cfg in $chunk; do
+			nginx_conf "$suite" "$(port_of "$cfg")" "$W/nginx-$cfg.pid" >"$W/nginx-$cfg.conf"
+			rm -f "$W/stats-$cfg"
+			if ! OPENSSL_CONF=$W/openssl-$cfg.cnf nginx -c "$W/nginx-$cfg.conf"; then
+				echo "ERROR $cfg $suite nginx did not start"; cat "$W/logs/error.log"; continue
+			fi
+			up="$up $cfg"
+		done
 		sleep 1
-		# One body fetched through the server's TLS and compared (the client is the
-		# default provider: the server side is what is under test).
-		printf 'GET /16k HTTP/1.0\r\nHost: x\r\n\r\n' |
-			OPENSSL_CONF=/dev/null openssl s_client -connect 127.0.0.1:$PORT -quiet -ign_eof 2>/dev/null >"$W/got"
-		# The body is the last 16384 bytes after the header.
-		tail -c 16384 "$W/got" >"$W/got.body"
-		if cmp -s "$W/got.body" "$W/www/16k"; then echo "BODY $cfg $suite ok"; else echo "BODY $cfg $suite bad"; fi
+		for cfg in $up; do
+			# One body fetched through the server's TLS and compared (the client is the
+			# default provider: the server side is what is under test).
+			printf 'GET /16k HTTP/1.0\r\nHost: x\r\n\r\n' |
+				OPENSSL_CONF=/dev/null openssl s_client -connect 127.0.0.1:"$(port_of "$cfg")" -quiet -ign_eof 2>/dev/null >"$W/got"
+			# The body is the last 16384 bytes after the header.
+			tail -c 16384 "$W/got" >"$W/got.body"
+			if cmp -s "$W/got.body" "$W/www/16k"; then echo "BODY $cfg $suite ok"; else echo "BODY $cfg $suite bad"; fi
+		done
 		for size in $SIZES; do
 			for mode in $MODES; do
 				if [ -n "$CELLS" ]; then
@@ -170,53 +217,61 @@ for cfg in $CONFIGS; do
 				fi
 				hdr=""
 				[ "$mode" = close ] && hdr="Connection: close"
-				[ "$CPUSTAT" = 1 ] && cpu_snapshot "$W/cpu.before"
-				if [ "$STRACE" = 1 ]; then
-					strace -c -f -p "$(worker_pid)" -o "$W/strace.out" 2>/dev/null &
-					strace_pid=$!
-					sleep 1
-				fi
-				if [ "$PERF" = 1 ]; then
-					perf record -q -F 499 -e cpu-clock -a -o "$W/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
-					perf_pid=$!
-				fi
-				if [ -n "$hdr" ]; then
-					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency -H "$hdr" "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
-				else
-					OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency "https://127.0.0.1:$PORT/$size" >"$W/wrk.out" 2>&1
-				fi
-				[ "$PERF" = 1 ] && wait "$perf_pid"
-				if [ "$STRACE" = 1 ]; then
-					kill -INT "$strace_pid"
-					wait "$strace_pid"
-					reqs=$(awk '/requests in/ { print $1 }' "$W/wrk.out")
-					# Rows: % time, seconds, usecs/call, calls, [errors], syscall.
-					awk -v k="$cfg $suite $size $mode" -v r="${reqs:-0}" '$4 ~ /^[0-9]+$/ && $NF != "syscall" {
-						printf "SYSCALLS %s %s %d %.3f\n", k, $NF, $4, (r > 0 ? $4 / r : 0) }' "$W/strace.out"
-				fi
-				if [ "$CPUSTAT" = 1 ]; then
-					cpu_snapshot "$W/cpu.after"
-					cpu_report "$W/cpu.before" "$W/cpu.after" "$cfg $suite $size $mode"
-				fi
-				awk -v cfg="$cfg" -v suite="$suite" -v size="$size" -v mode="$mode" '
-					function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
-					function bytes(v) { n = v + 0; if (v ~ /KB$/) n *= 1024; if (v ~ /MB$/) n *= 1048576; if (v ~ /GB$/) n *= 1073741824; return n }
-					/^ +50%/ { p50 = ms($2) } /^ +99%/ { p99 = ms($2) }
-					/^Requests\/sec:/ { rps = $2 } /^Transfer\/sec:/ { bps = bytes($2) }
-					/Socket errors:/ { for (i = 3; i <= NF; i++) { gsub(",", "", $i); if ($i ~ /^[0-9]+$/) err += $i } }
-					/Non-2xx/ { err += $NF }
-					END { printf "RUN %s %s %s %s %s %d %.3f %.3f %d\n", cfg, suite, size, mode, rps, bps, p50, p99, err + 0 }' "$W/wrk.out"
-				if [ "$PERF" = 1 ]; then
-					# nginx's samples by library, in percent of all samples.
-					perf report -q -i "$W/perf.data" --sort comm,dso --stdio 2>/dev/null |
-						awk -v k="$cfg $suite $size $mode" '$2 == "nginx" && $1 ~ /%$/ { sub("%", "", $1); s = s " " $3 "=" $1 } END { print "SHARE " k s }'
-				fi
+				for cfg in $up; do
+					port=$(port_of "$cfg")
+					[ "$CPUSTAT" = 1 ] && cpu_snapshot "$W/cpu.before"
+					if [ "$STRACE" = 1 ]; then
+						strace -c -f -p "$(worker_of "$W/nginx-$cfg.pid")" -o "$W/strace.out" 2>/dev/null &
+						strace_pid=$!
+						sleep 1
+					fi
+					if [ "$PERF" = 1 ]; then
+						perf record -q -F 499 -e cpu-clock -a -o "$W/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
+						perf_pid=$!
+					fi
+					if [ -n "$hdr" ]; then
+						OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency -H "$hdr" "https://127.0.0.1:$port/$size" >"$W/wrk.out" 2>&1
+					else
+						OPENSSL_CONF=/dev/null timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 30s --latency "https://127.0.0.1:$port/$size" >"$W/wrk.out" 2>&1
+					fi
+					[ "$PERF" = 1 ] && wait "$perf_pid"
+					if [ "$STRACE" = 1 ]; then
+						kill -INT "$strace_pid"
+						wait "$strace_pid"
+						reqs=$(awk '/requests in/ { print $1 }' "$W/wrk.out")
+						# Rows: % time, seconds, usecs/call, calls, [errors], syscall.
+						awk -v k="$cfg $suite $size $mode" -v r="${reqs:-0}" '$4 ~ /^[0-9]+$/ && $NF != "syscall" {
+							printf "SYSCALLS %s %s %d %.3f\n", k, $NF, $4, (r > 0 ? $4 / r : 0) }' "$W/strace.out"
+					fi
+					if [ "$CPUSTAT" = 1 ]; then
+						cpu_snapshot "$W/cpu.after"
+						cpu_report "$W/cpu.before" "$W/cpu.after" "$cfg $suite $size $mode"
+					fi
+					awk -v cfg="$cfg" -v suite="$suite" -v size="$size" -v mode="$mode" '
+						function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+						function bytes(v) { n = v + 0; if (v ~ /KB$/) n *= 1024; if (v ~ /MB$/) n *= 1048576; if (v ~ /GB$/) n *= 1073741824; return n }
+						/^ +50%/ { p50 = ms($2) } /^ +99%/ { p99 = ms($2) }
+						/^Requests\/sec:/ { rps = $2 } /^Transfer\/sec:/ { bps = bytes($2) }
+						/Socket errors:/ { for (i = 3; i <= NF; i++) { gsub(",", "", $i); if ($i ~ /^[0-9]+$/) err += $i } }
+						/Non-2xx/ { err += $NF }
+						END { printf "RUN %s %s %s %s %s %d %.3f %.3f %d\n", cfg, suite, size, mode, rps, bps, p50, p99, err + 0 }' "$W/wrk.out"
+					if [ "$PERF" = 1 ]; then
+						# nginx's samples by library, in percent of all samples (the idle
+						# instances of the other configurations take none).
+						perf report -q -i "$W/perf.data" --sort comm,dso --stdio 2>/dev/null |
+							awk -v k="$cfg $suite $size $mode" '$2 == "nginx" && $1 ~ /%$/ { sub("%", "", $1); s = s " " $3 "=" $1 } END { print "SHARE " k s }'
+					fi
+				done
 			done
 		done
-		nginx -c "$W/nginx.conf" -s quit
-		for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$W/nginx.pid" ] || break; sleep 0.5; done
-		# One line per process that had the provider loaded (master and worker).
-		[ -s "$W/stats" ] && sed "s/^/STATS $cfg $suite /" "$W/stats"
+		for cfg in $up; do
+			nginx -c "$W/nginx-$cfg.conf" -s quit
+		done
+		for cfg in $up; do
+			for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$W/nginx-$cfg.pid" ] || break; sleep 0.5; done
+			# One line per process that had the provider loaded (master and worker).
+			[ -s "$W/stats-$cfg" ] && sed "s/^/STATS $cfg $suite /" "$W/stats-$cfg"
+		done
 	done
 done
 

@@ -34,9 +34,12 @@ const BLOCK: usize = 16;
 /// One cipher context of ours.
 pub struct Ctx {
     prov: Arc<Provider>,
-    /// The inner context's `update`, and whether a module is configured: copied here
-    /// so the in-line path reads one cache line, not the provider's tables.
-    inner_update: crate::inner::UpdateFn,
+    /// The default provider's functions for this cipher, copied here so the in-line
+    /// path reads the context, not the provider's tables.
+    fns: InnerCipher,
+    /// Whether the module may ever take this cipher (one is configured and offers it:
+    /// never for GCM). If not, a call goes straight to the inner context, with no
+    /// routing, and nothing that only module calls need is tracked.
     module_on: bool,
     alg: usize,
     mode: Mode,
@@ -65,7 +68,7 @@ pub struct Ctx {
 
 impl Ctx {
     fn inner_fns(&self) -> &InnerCipher {
-        self.prov.inner_cipher(self.alg)
+        &self.fns
     }
 
     fn fail(&self, reason: Reason, func: &CStr) -> c_int {
@@ -78,7 +81,8 @@ impl Ctx {
         0
     }
 
-    /// Notes what the parameters set: padding, TLS record mode.
+    /// Notes what the parameters set: padding, TLS record mode (what module calls need
+    /// to know; called only where the module may take the cipher).
     fn note_params(&mut self, list: *const OSSL_PARAM) {
         let list = list as *mut OSSL_PARAM;
         // SAFETY: OpenSSL hands us terminated arrays (or NULL).
@@ -317,9 +321,10 @@ unsafe extern "C" fn newctx<const I: usize>(provctx: *mut c_void) -> *mut c_void
         if inner.is_null() {
             return std::ptr::null_mut();
         }
+        let module_on = prov.router.module.as_ref().is_some_and(|m| m.offers(I));
         let c = Box::new(Ctx {
-            inner_update: f.update,
-            module_on: prov.router.module.is_some(),
+            fns: *f,
+            module_on,
             prov,
             alg: I,
             mode: OFFERED[I].1.mode,
@@ -371,7 +376,7 @@ unsafe extern "C" fn dupctx(vctx: *mut c_void) -> *mut c_void {
         }
         let mut d = Box::new(Ctx {
             prov: Arc::clone(&c.prov),
-            inner_update: c.inner_update,
+            fns: c.fns,
             module_on: c.module_on,
             alg: c.alg,
             mode: c.mode,
@@ -456,7 +461,9 @@ unsafe fn init(
         c.oiv = Some(o);
         c.moved_iv = false;
     }
-    c.note_params(list);
+    if c.module_on {
+        c.note_params(list);
+    }
     1
 }
 
@@ -510,7 +517,7 @@ unsafe extern "C" fn update(
         }
         let started = timed.then(Started::now);
         // SAFETY: OpenSSL's arguments, passed on to the inner context.
-        let ok = unsafe { (c.inner_update)(c.inner, out, outl, outsize, in_, inl) };
+        let ok = unsafe { (c.fns.update)(c.inner, out, outl, outsize, in_, inl) };
         if ok != 1 {
             return c.fail(Reason::OperationFailed, c"update");
         }
@@ -632,7 +639,9 @@ unsafe extern "C" fn set_ctx_params(vctx: *mut c_void, list: *const OSSL_PARAM) 
         if unsafe { (c.inner_fns().set_ctx_params)(c.inner, list) } != 1 {
             return c.fail(Reason::OperationFailed, c"set_ctx_params");
         }
-        c.note_params(list);
+        if c.module_on {
+            c.note_params(list);
+        }
         1
     })
 }

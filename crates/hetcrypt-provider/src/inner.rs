@@ -50,7 +50,9 @@ pub type GettableFn = unsafe extern "C" fn(*mut c_void) -> *const OSSL_PARAM;
 /// `gettable_ctx_params`/`settable_ctx_params(cctx, provctx)`.
 pub type CtxGettableFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> *const OSSL_PARAM;
 
-/// The default provider's implementation of one cipher.
+/// The default provider's implementation of one cipher. `Copy`: each context keeps its
+/// own copy, so a call reaches the inner function without going through the provider.
+#[derive(Clone, Copy)]
 pub struct InnerCipher {
     /// Its names, as the default provider lists them (we offer the same).
     pub names: *const c_char,

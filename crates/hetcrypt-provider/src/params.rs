@@ -30,12 +30,28 @@ pub unsafe fn locate(params: *mut OSSL_PARAM, key: &CStr) -> Option<&'static mut
             return None;
         }
         // SAFETY: a non-NULL key is a NUL-terminated string.
-        if unsafe { CStr::from_ptr(entry.key) } == key {
+        if unsafe { key_is(entry.key, key) } {
             return Some(entry);
         }
         // SAFETY: not at the terminator yet.
         p = unsafe { p.add(1) };
     }
+}
+
+/// Whether the NUL-terminated string at `key` is `want`, read only as far as the two
+/// agree (no length computed first: most keys differ at their first byte).
+///
+/// # Safety
+/// `key` is a NUL-terminated string.
+unsafe fn key_is(key: *const c_char, want: &CStr) -> bool {
+    for (i, &b) in want.to_bytes_with_nul().iter().enumerate() {
+        // SAFETY: the bytes before `i` matched `want`'s, none of them NUL, so the
+        // string at `key` reaches `i`.
+        if unsafe { *key.add(i) } as u8 != b {
+            return false;
+        }
+    }
+    true
 }
 
 /// The key of an entry, as text.
@@ -252,6 +268,41 @@ mod tests {
             assert!(locate(list.as_mut_ptr(), c"b").is_none());
             assert!(locate(std::ptr::null_mut(), c"a").is_none());
         }
+    }
+
+    /// A key that is a prefix of another, or has one as its prefix, is not it (the
+    /// comparison stops at the first difference, the terminating NUL included).
+    #[test]
+    fn a_key_matches_whole_not_by_prefix() {
+        // SAFETY: NUL-terminated literals.
+        unsafe {
+            assert!(key_is(c"tls-version".as_ptr(), c"tls-version"));
+            assert!(!key_is(c"tls-version".as_ptr(), c"tls"));
+            assert!(!key_is(c"tls".as_ptr(), c"tls-version"));
+            assert!(!key_is(c"padding".as_ptr(), c"paddinG"));
+            assert!(!key_is(c"".as_ptr(), c"iv"));
+            assert!(key_is(c"".as_ptr(), c""));
+        }
+        let mut list = [
+            OSSL_PARAM {
+                key: c"tlsaad".as_ptr(),
+                data_type: OSSL_PARAM_OCTET_STRING,
+                data: std::ptr::null_mut(),
+                data_size: 0,
+                return_size: UNMODIFIED,
+            },
+            OSSL_PARAM {
+                key: c"tls".as_ptr(),
+                data_type: OSSL_PARAM_OCTET_STRING,
+                data: std::ptr::null_mut(),
+                data_size: 0,
+                return_size: UNMODIFIED,
+            },
+            END,
+        ];
+        // SAFETY: a terminated array.
+        let found = unsafe { locate(list.as_mut_ptr(), c"tls") }.map(|p| key_of(p).to_owned());
+        assert_eq!(found.as_deref(), Some(c"tls"));
     }
 
     #[test]

@@ -168,6 +168,12 @@ impl Module {
         self.takes[alg][usize::from(!enc)] && !self.quarantined.load(Ordering::Relaxed)
     }
 
+    /// Whether the module offers this cipher in either direction at all, quarantined
+    /// or not: a context of a cipher it never takes skips routing altogether.
+    pub fn offers(&self, alg: usize) -> bool {
+        self.takes[alg][0] || self.takes[alg][1]
+    }
+
     /// Whether the module takes this cipher in either direction (so a context keeps
     /// its key registered with it).
     pub fn may_take(&self, alg: usize) -> bool {
