@@ -1667,6 +1667,35 @@ mod tests {
         assert_eq!(lane.cbc_chains.len(), 2);
     }
 
+    /// Chained CBC encryption (`chain.rs`) writes into the output's own allocation
+    /// where it has one, and gives a fresh output the message and a block of room.
+    #[test]
+    fn chained_cbc_reuses_the_output_and_sizes_a_fresh_one() {
+        let keys = KeyStore::new();
+        let key_bytes = [vec![0x41; 16]];
+        let ids = add_keys(&keys, &key_bytes);
+        let mut lane = CpuEngine::with_lanes(1).multibuffer(1).lane(0);
+        let len = 4096;
+        let job = Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            ids[0],
+            [1; 16],
+            bytes(0, len),
+        );
+        let mut out = JobOutput::default();
+        lane.run(&job, &keys, &mut out).unwrap();
+        assert!(out.data.capacity() < 2 * len, "{}", out.data.capacity());
+        let mut out = JobOutput {
+            data: Vec::with_capacity(2 * len),
+            tag: None,
+        };
+        let at = out.data.as_ptr();
+        lane.run(&job, &keys, &mut out).unwrap();
+        assert_eq!(out.data.as_ptr(), at);
+        assert_eq!(out.data, reference(&job, &key_bytes[0]));
+    }
+
     #[test]
     fn multibuffer_off_gives_the_same_bytes() {
         let keys = KeyStore::new();

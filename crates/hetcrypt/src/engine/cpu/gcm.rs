@@ -32,6 +32,7 @@ const _: () = assert!(!std::mem::needs_drop::<LessSafeKey>());
 /// bytes per message, and `ring` refuses more; 4 GiB is far from that edge and far
 /// above any job the dispatcher hands a lane in one piece.
 pub(crate) const MAX_INPUT: usize = 1 << 32;
+const _: () = assert!(MAX_INPUT <= (1 << 36) - 32 && MAX_INPUT >= 1 << 30);
 
 /// A `ring` AES-GCM key schedule (round keys and GHASH table), zeroed on drop.
 pub(crate) struct GcmKey {

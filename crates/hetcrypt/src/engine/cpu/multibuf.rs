@@ -360,4 +360,41 @@ mod tests {
             }
         }
     }
+
+    /// An output with room for the message is written in place (its capacity exactly
+    /// the message, or more), one without gets a buffer of its own; the bytes agree.
+    #[test]
+    fn an_output_with_room_keeps_its_allocation() {
+        let key = [7u8; 16];
+        let aes = AesKey::new(KeySize::Aes128, &key).unwrap();
+        let input = bytes(1, 4 * BLOCK_LEN);
+        let want = run(
+            KeySize::Aes128,
+            &key,
+            std::slice::from_ref(&input),
+            4,
+            false,
+        );
+        for capacity in [input.len(), 2 * input.len(), 1] {
+            let mut outs = vec![JobOutput {
+                data: Vec::with_capacity(capacity),
+                tag: Some([1; 16]),
+            }];
+            let at = outs[0].data.as_ptr();
+            let chain = Chain {
+                blocks: &input,
+                last: &[],
+                iv: [0; BLOCK_LEN],
+                out: 0,
+            };
+            encrypt_cbc(&aes, None, 4, std::iter::once(chain), &mut outs);
+            assert_eq!(outs[0].data, want[0], "{capacity}");
+            assert_eq!(outs[0].tag, None);
+            assert_eq!(
+                outs[0].data.as_ptr() == at,
+                capacity >= input.len(),
+                "{capacity}"
+            );
+        }
+    }
 }

@@ -476,11 +476,11 @@ fn measure(class: usize) -> Choice {
         ) else {
             return Choice::forced(Implementation::Evp);
         };
-        let jobs = (ROUND_BYTES / size).max(MIN_ROUND_JOBS);
+        let jobs = round_jobs(size);
         let mut best = [Duration::MAX; 2];
         for round in 0..ROUNDS {
             // Alternate which implementation goes first.
-            for k in [round % 2, 1 - round % 2] {
+            for k in round_order(round) {
                 let lane = &mut lanes[k].1;
                 // One untimed job: keyed context, expanded key, scratch, output.
                 if lane.run_one(&job, &keys, &mut out).is_err() {
@@ -495,15 +495,58 @@ fn measure(class: usize) -> Choice {
                 best[k] = best[k].min(start.elapsed());
             }
         }
-        let rate = |d: Duration| (jobs * size) as f64 / d.as_secs_f64().max(f64::MIN_POSITIVE);
         debug_assert_eq!(lanes[1].0, Implementation::Evp);
-        probes.push(Probe {
-            size,
-            native: rate(best[0]),
-            evp: rate(best[1]),
-        });
+        probes.push(Probe::timed(size, jobs, best));
     }
     Choice::from_probes(native, probes)
+}
+
+/// Jobs per timed round of the implementation probe at `size` bytes.
+fn round_jobs(size: usize) -> usize {
+    (ROUND_BYTES / size).max(MIN_ROUND_JOBS)
+}
+
+/// The order of round `round` of the implementation probe (0 the native side, 1 EVP):
+/// which goes first alternates.
+fn round_order(round: usize) -> [usize; 2] {
+    [round % 2, 1 - round % 2]
+}
+
+/// The order of round `round` of the width probe over `n` lanes: it rotates.
+fn rotation(round: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (k + round) % n)
+}
+
+/// Bytes per second for `bytes` done in `took` (a zero time reads as very fast, not as
+/// infinite).
+fn rate(bytes: usize, took: Duration) -> f64 {
+    bytes as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE)
+}
+
+impl Probe {
+    /// The probe of `jobs` jobs of `size` bytes per round, from each side's best round
+    /// (the native side's, then EVP's).
+    fn timed(size: usize, jobs: usize, best: [Duration; 2]) -> Probe {
+        Probe {
+            size,
+            native: rate(jobs * size, best[0]),
+            evp: rate(jobs * size, best[1]),
+        }
+    }
+}
+
+impl ChainsChoice {
+    /// The choice from each width's best round of [`WIDTH_PROBE_JOBS`] jobs of
+    /// [`WIDTH_PROBE_SIZE`] bytes: (width, through VAES-512, time).
+    fn timed(best: &[(usize, bool, Duration)]) -> Self {
+        let rates = |vaes: bool| -> Vec<(usize, f64)> {
+            best.iter()
+                .filter(|&&(_, v, _)| v == vaes)
+                .map(|&(w, _, took)| (w, rate(WIDTH_PROBE_JOBS * WIDTH_PROBE_SIZE, took)))
+                .collect()
+        };
+        ChainsChoice::from_probes(rates(false)).with_vaes(rates(true))
+    }
 }
 
 /// Times lockstep CBC encryption of [`WIDTH_PROBE_JOBS`] 1 KiB jobs at each width.
@@ -554,38 +597,39 @@ fn measure_chains() -> ChainsChoice {
     // in the lockstep alone, not in the calls per job.
     let pull = CHAIN_WIDTHS[CHAIN_WIDTHS.len() - 1];
     let pulls: Vec<Vec<&Job>> = jobs.chunks(pull).map(|c| c.iter().collect()).collect();
+    // One pass of every pull on a lane; whether a job failed.
+    let mut pass = |lane: &mut super::CpuLane| {
+        for ((refs, outs), results) in pulls
+            .iter()
+            .zip(outs.chunks_mut(pull))
+            .zip(results.chunks_mut(pull))
+        {
+            lane.run_batch(refs, &keys, outs, results);
+        }
+        results.iter().any(Result::is_err)
+    };
     // One untimed pass each (expanded keys, output buffers), then timed rounds in an
     // order that rotates.
-    for round in 0..=WIDTH_ROUNDS {
-        for k in 0..lanes.len() {
-            let k = (k + round) % lanes.len();
-            let (_, _, lane) = &mut lanes[k];
-            let start = Instant::now();
-            for ((refs, outs), results) in pulls
-                .iter()
-                .zip(outs.chunks_mut(pull))
-                .zip(results.chunks_mut(pull))
-            {
-                lane.run_batch(refs, &keys, outs, results);
-            }
-            if results.iter().any(Result::is_err) {
-                return ChainsChoice::from_probes(Vec::new());
-            }
-            if round > 0 {
-                best[k] = best[k].min(start.elapsed());
-            }
+    for (_, _, lane) in &mut lanes {
+        if pass(lane) {
+            return ChainsChoice::from_probes(Vec::new());
         }
     }
-    let bytes = (WIDTH_PROBE_JOBS * WIDTH_PROBE_SIZE) as f64;
-    let rates = |vaes: bool| -> Vec<(usize, f64)> {
-        lanes
-            .iter()
-            .zip(&best)
-            .filter(|((_, v, _), _)| *v == vaes)
-            .map(|((w, _, _), d)| (*w, bytes / d.as_secs_f64().max(f64::MIN_POSITIVE)))
-            .collect()
-    };
-    ChainsChoice::from_probes(rates(false)).with_vaes(rates(true))
+    for round in 0..WIDTH_ROUNDS {
+        for k in rotation(round, lanes.len()) {
+            let start = Instant::now();
+            if pass(&mut lanes[k].2) {
+                return ChainsChoice::from_probes(Vec::new());
+            }
+            best[k] = best[k].min(start.elapsed());
+        }
+    }
+    let timed: Vec<(usize, bool, Duration)> = lanes
+        .iter()
+        .zip(best)
+        .map(|(&(w, vaes, _), took)| (w, vaes, took))
+        .collect();
+    ChainsChoice::timed(&timed)
 }
 
 /// A one-lane `cpu` lane that always uses `implementation` for the block-parallel
@@ -750,6 +794,65 @@ mod tests {
         assert!(seen.iter().all(|&s| s));
     }
 
+    /// The probes' arithmetic on fabricated times (the probe itself times the CPU).
+    #[test]
+    fn rounds_and_rates_from_fabricated_times() {
+        // 64 KiB per round, at least 8 jobs.
+        assert_eq!(
+            PROBE_SIZES.map(round_jobs),
+            [64 * 1024 / 64, 64 * 1024 / 1024, MIN_ROUND_JOBS]
+        );
+        assert_eq!(
+            (0..3).map(round_order).collect::<Vec<_>>(),
+            [[0, 1], [1, 0], [0, 1]]
+        );
+        assert_eq!(rotation(0, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(rotation(1, 3).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(rotation(7, 5).collect::<Vec<_>>(), [2, 3, 4, 0, 1]);
+        let ms = Duration::from_millis;
+        // 64 jobs of 1 KiB: 65,536 bytes in 1 ms and in 4 ms.
+        let p = Probe::timed(1024, 64, [ms(1), ms(4)]);
+        assert_eq!(p.size, 1024);
+        assert!((p.native - 65.536e6).abs() < 1.0, "{p:?}");
+        assert!((p.evp - 16.384e6).abs() < 1.0, "{p:?}");
+        assert!(rate(1, Duration::ZERO).is_finite());
+        // 128 jobs of 1 KiB per width: 131,072 bytes.
+        let c = ChainsChoice::timed(&[
+            (4, false, ms(4)),
+            (8, false, ms(2)),
+            (16, false, ms(1)),
+            (8, true, ms(2)),
+            (16, true, ms(8)),
+        ]);
+        let widths = |v: &[(usize, f64)]| v.iter().map(|&(w, _)| w).collect::<Vec<_>>();
+        assert_eq!(widths(&c.probes), [4, 8, 16]);
+        assert_eq!(widths(&c.vaes_probes), [8, 16]);
+        assert!((c.probes[0].1 - 32.768e6).abs() < 1.0, "{c:?}");
+        assert!((c.vaes_probes[1].1 - 16.384e6).abs() < 1.0, "{c:?}");
+        assert_eq!((c.chains, c.vaes), (16, false));
+    }
+
+    #[test]
+    fn a_vaes_width_as_fast_as_the_crates_does_not_take_over() {
+        let c = ChainsChoice::from_probes(vec![(4, 5e9), (8, 8e9), (16, 10e9)])
+            .with_vaes(vec![(8, 9e9), (16, 10e9)]);
+        assert_eq!((c.chains, c.vaes), (16, false));
+    }
+
+    #[test]
+    fn uses_crate_only_where_the_crate_runs() {
+        assert!(Choice::forced(AesCrate).uses_crate(1));
+        assert!(!Choice::forced(Evp).uses_crate(1));
+        assert!(!Choice::forced(Implementation::Ring).uses_crate(1));
+    }
+
+    #[test]
+    fn sizes_not_whole_kib_are_named_in_bytes() {
+        assert_eq!(size_name(0), "0 B");
+        assert_eq!(size_name(1040), "1040 B");
+        assert_eq!(size_name(2048), "2 KiB");
+    }
+
     /// The measured choice is one of the two, with a probe per size, and stays put.
     #[test]
     fn measurement_probes_every_size_once() {
@@ -759,9 +862,10 @@ mod tests {
             .choice(Cipher::AES_128_CTR, Direction::Encrypt)
             .expect("CTR is block-parallel")
             .clone();
+        // The sizes `hetcrypt engines` reports and the docs quote.
         assert_eq!(
             first.probes.iter().map(|p| p.size).collect::<Vec<_>>(),
-            PROBE_SIZES
+            [64, 1024, 16 * 1024]
         );
         assert!(first.probes.iter().all(|p| p.evp > 0.0 && p.native > 0.0));
         let again = selection.choice(Cipher::AES_128_CTR, Direction::Decrypt);
