@@ -584,21 +584,14 @@ impl Lane for KernelLane {
         out.data.clear();
         out.tag = None;
         let mut scratch = std::mem::take(&mut self.aad_scratch);
-        let pipe = self.pipe_for(job.input.len());
-        let splicing = pipe.as_ref().map(|pipe| Splicing {
-            pipe,
-            min: self.splice_min,
-        });
-        let result = match self.context(job.key, job.cipher, served, keys) {
-            Ok(ctx) => match served.ty {
+        let result = self.with_splicing(job.input.len(), |lane, splicing| {
+            let ctx = lane.context(job.key, job.cipher, served, keys)?;
+            match served.ty {
                 AlgType::Skcipher => run_skcipher(ctx, job, out, &served.watch, splicing),
                 AlgType::Aead => run_aead(ctx, job, out, &mut scratch, &state.name, &served.watch),
-            },
-            Err(f) => Err(f),
-        };
+            }
+        });
         self.aad_scratch = scratch;
-        // A request that failed may have left input in the pipe: never reuse it.
-        self.pipe = pipe.filter(|_| result.is_ok());
         if result.is_err() {
             out.data.clear();
             out.tag = None;
@@ -632,12 +625,8 @@ impl Lane for KernelLane {
         // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and the requests only ever write
         // initialised bytes into it.
         let out = unsafe { &mut *(out as *mut [u8] as *mut [MaybeUninit<u8>]) };
-        let pipe = self.pipe_for(job.input.len());
-        let splicing = pipe.as_ref().map(|pipe| Splicing {
-            pipe,
-            min: self.splice_min,
-        });
-        let result = self.context(job.key, cipher, served, keys).and_then(|ctx| {
+        let result = self.with_splicing(job.input.len(), |lane, splicing| {
+            let ctx = lane.context(job.key, cipher, served, keys)?;
             skcipher_requests(
                 ctx,
                 cipher.mode,
@@ -649,7 +638,6 @@ impl Lane for KernelLane {
                 splicing,
             )
         });
-        self.pipe = pipe.filter(|_| result.is_ok());
         settle(&state, served, result)
     }
 
@@ -660,14 +648,27 @@ impl Lane for KernelLane {
 }
 
 impl KernelLane {
-    /// The lane's splice pipe, taken out of the lane for one job (put it back after):
-    /// made at the first job of `splice_min` bytes or more; `None` for smaller jobs
-    /// while there is none yet, and where the kernel gives no pipe.
-    fn pipe_for(&mut self, len: usize) -> Option<SplicePipe> {
+    /// Runs one job of `len` bytes, `f`, with the lane's splicing: its pipe, made at the
+    /// first job of `splice_min` bytes or more (`None` for smaller jobs while there is
+    /// none yet, and where the kernel gives no pipe), lent to `f` out of the lane and
+    /// kept only if the job succeeded: a request that failed may have left input in the
+    /// pipe, so it is never reused.
+    fn with_splicing(
+        &mut self,
+        len: usize,
+        f: impl FnOnce(&mut Self, Option<Splicing<'_>>) -> std::result::Result<(), Failure>,
+    ) -> std::result::Result<(), Failure> {
         if self.pipe.is_none() && len >= self.splice_min {
             self.pipe = SplicePipe::new(SKCIPHER_REQUEST_MAX).ok();
         }
-        self.pipe.take()
+        let pipe = self.pipe.take();
+        let splicing = pipe.as_ref().map(|pipe| Splicing {
+            pipe,
+            min: self.splice_min,
+        });
+        let result = f(self, splicing);
+        self.pipe = pipe.filter(|_| result.is_ok());
+        result
     }
 
     /// Closes the contexts of removed keys (their sockets, and any device session the
