@@ -354,11 +354,7 @@ pub fn measure(
             done += pair.sizes.len();
             continue;
         }
-        let key = key_ids
-            .iter()
-            .find(|(k, _)| *k == pair.cipher.key_size)
-            .map(|(_, id)| *id)
-            .expect("a key of every size was made");
+        let key = key_of(&key_ids, pair.cipher.key_size);
         let mut points = Vec::new();
         for (k, &len) in pair.sizes.iter().enumerate() {
             let point = probe_job(pair.cipher, pair.direction, key, &keys, len).and_then(|job| {
@@ -443,11 +439,7 @@ fn again(
         let worker = s.spawn(move || {
             let mut lane = engine.open_lane(0)?;
             for &(c, k, cipher, direction, len) in &todo {
-                let key = key_ids
-                    .iter()
-                    .find(|(size, _)| *size == cipher.key_size)
-                    .map(|(_, id)| *id)
-                    .expect("a key of every size was made");
+                let key = key_of(key_ids, cipher.key_size);
                 let job = probe_job(cipher, direction, key, keys, len)?;
                 let p = time_point(lane.as_mut(), &job, keys, settings.point_time)?;
                 let _ = tx.send((c, k, p));
@@ -466,10 +458,23 @@ fn again(
             .map_or(true, |r| r.is_err_and(|e| e.is_engine_failure()))
     });
     for class in classes.iter_mut() {
-        let points: Vec<(usize, f64)> = class.points.iter().map(|p| (p.len, p.wall)).collect();
-        (class.fixed, class.per_byte) = fit(&points);
+        (class.fixed, class.per_byte) = fit_points(&class.points);
     }
     failed
+}
+
+/// The probe key made for `size` (`measure` makes one of every size first).
+fn key_of(key_ids: &[(KeySize, KeyId)], size: KeySize) -> KeyId {
+    key_ids
+        .iter()
+        .find(|(k, _)| *k == size)
+        .map(|(_, id)| *id)
+        .expect("a key of every size was made")
+}
+
+/// A class's fixed and per-byte cost, fitted to its size points' wall times.
+fn fit_points(points: &[SizePoint]) -> (f64, f64) {
+    fit(&points.iter().map(|p| (p.len, p.wall)).collect::<Vec<_>>())
 }
 
 /// One engine's measuring thread.
@@ -527,12 +532,7 @@ impl Ctx<'_> {
         extra: &mut [Option<Box<dyn Lane>>],
         sweep: &[usize],
     ) -> std::result::Result<ClassCalibration, (Error, usize)> {
-        let key = self
-            .key_ids
-            .iter()
-            .find(|(k, _)| *k == t.cipher.key_size)
-            .map(|(_, id)| *id)
-            .expect("a key of every size was made");
+        let key = key_of(self.key_ids, t.cipher.key_size);
         let mut points = Vec::new();
         for &len in &t.sizes {
             let job = probe_job(t.cipher, t.direction, key, self.keys, len)
@@ -544,7 +544,7 @@ impl Ctx<'_> {
                 .tx
                 .send(Msg::Point(t.cipher, t.direction, Step::Size(len)));
         }
-        let (fixed, per_byte) = fit(&points.iter().map(|p| (p.len, p.wall)).collect::<Vec<_>>());
+        let (fixed, per_byte) = fit_points(&points);
         let done = points.len();
         let job =
             probe_job(t.cipher, t.direction, key, self.keys, t.lanes_len).map_err(|e| (e, done))?;
