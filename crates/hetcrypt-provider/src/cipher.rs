@@ -81,9 +81,12 @@ impl Ctx {
         0
     }
 
-    /// Notes what the parameters set: padding, TLS record mode (what module calls need
-    /// to know; called only where the module may take the cipher).
+    /// Notes what the parameters set: padding, TLS record mode. Only module calls need
+    /// to know, so nothing is read where the module may never take the cipher.
     fn note_params(&mut self, list: *const OSSL_PARAM) {
+        if !self.module_on {
+            return;
+        }
         let list = list as *mut OSSL_PARAM;
         // SAFETY: OpenSSL hands us terminated arrays (or NULL).
         unsafe {
@@ -461,9 +464,7 @@ unsafe fn init(
         c.oiv = Some(o);
         c.moved_iv = false;
     }
-    if c.module_on {
-        c.note_params(list);
-    }
+    c.note_params(list);
     1
 }
 
@@ -639,9 +640,7 @@ unsafe extern "C" fn set_ctx_params(vctx: *mut c_void, list: *const OSSL_PARAM) 
         if unsafe { (c.inner_fns().set_ctx_params)(c.inner, list) } != 1 {
             return c.fail(Reason::OperationFailed, c"set_ctx_params");
         }
-        if c.module_on {
-            c.note_params(list);
-        }
+        c.note_params(list);
         1
     })
 }
