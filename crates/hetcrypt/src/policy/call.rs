@@ -401,6 +401,22 @@ impl CallRouter {
         }
     }
 
+    /// What a call at `site` costs now in-line and on the module, in ns, as [`Self::route`]
+    /// weighs them (the module's by the load and the kernel share; 0: not measured).
+    pub fn costs(&self, site: CallSite) -> (u64, u64) {
+        let e = self.estimate(site);
+        let steady = e.module.load(Ordering::Relaxed);
+        let (wall, module_cpu) = if steady == 0 {
+            (e.module_cold.load(Ordering::Relaxed), &e.module_cold_cpu)
+        } else {
+            (steady, &e.module_cpu)
+        };
+        (
+            e.cpu.load(Ordering::Relaxed),
+            self.module_cost(module_cpu.load(Ordering::Relaxed), wall),
+        )
+    }
+
     /// What the router has measured: `(cipher, encrypt, smallest length of the size
     /// class, in-line ns, module ns, module CPU ns)` for every site with a
     /// measurement (0: none).
