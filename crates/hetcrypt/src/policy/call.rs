@@ -139,7 +139,7 @@ pub const KERNEL_SHARE_UNIT: u32 = 1000;
 /// The largest kernel share taken as reported (64x the caller's CPU time): a window
 /// with a few module calls and some unrelated kernel work can report an absurd share;
 /// beyond this the module is dear at every size anyway.
-const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
+pub const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
 /// The kernel share before any is reported: not known, so no load credit (a module
 /// call counts its wall time however busy the CPUs). The kernel's work for a module
 /// call can fill its whole wait (the soft guest at 1 KiB); until the caller has
