@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hetcrypt::policy::call::{FULL_LOAD, KERNEL_SHARE_UNIT};
+use hetcrypt::policy::call::{FULL_LOAD, KERNEL_SHARE_UNIT, MAX_KERNEL_SHARE};
 
 /// How often the load is sampled at most: often enough to follow a benchmark that
 /// starts or stops within a second, rarely enough that reading `/proc/stat` (a few
@@ -143,6 +143,17 @@ pub const KERNEL_PERIOD: Duration = Duration::from_millis(500);
 /// the soft guest on a loaded host, ~40 kernel threads: 2-5% of its CPU every 0.5 s);
 /// the few that run while the module does (its request thread, RCU, softirqs) stay.
 pub const DROP_AFTER: u8 = 4;
+
+/// A window longer than this is no window: no call reached the provider for that long
+/// (the process sat idle), and what the kernel threads did meanwhile belongs to
+/// whatever else ran, another process's module calls included. Its reads only start a
+/// fresh window. In the side-by-side nginx runs (docs/https.md, nineteenth session) the
+/// `balanced` instance's first window of each run spanned the `module` instance's run:
+/// seconds of `virtio0-engine` against the 0.2 ms of one 16 KiB module call, a share in
+/// the thousands that took the quarter-weight average ~10 s to forget, and the run's
+/// 1 MiB responses went in-line meanwhile. Four periods: a process that calls at all
+/// samples every period, and a pause of a second between requests still counts.
+pub const STALE_AFTER: Duration = Duration::from_secs(2);
 
 /// How often the list of kernel threads is rebuilt from `/proc` (every process's
 /// `stat`): kernel threads come and go rarely (a driver's request thread lives as long
@@ -370,20 +381,39 @@ impl KernelSampler {
             return None;
         };
         let caller = caller_ns.saturating_sub(caller_before);
+        let wall = now.saturating_duration_since(at);
         let files = &mut st.files;
-        let kernel_ns = advance(&mut st.threads, caller > 0, |pid| read_kept(files, pid));
+        // (A stale window holds no evidence against a thread that stayed still.)
+        let module_ran = caller > 0 && wall <= STALE_AFTER;
+        let kernel_ns = advance(&mut st.threads, module_ran, |pid| read_kept(files, pid));
         let threads = &st.threads;
         files.retain(|pid, _| threads.iter().any(|t| t.pid == *pid));
-        let wall_ns = now.saturating_duration_since(at).as_nanos() as u64;
-        match share_of(kernel_ns, wall_ns, st.baseline.unwrap_or(0), caller) {
+        st.close_window(wall, caller, kernel_ns)
+    }
+}
+
+impl KernelState {
+    /// Folds one window, `wall` long, in which the callers spent `caller_ns` of CPU in
+    /// module calls and the kernel threads ran `kernel_ns`: into the baseline where no
+    /// module call ran, else into the share, which it returns (per
+    /// [`KERNEL_SHARE_UNIT`]); a window longer than [`STALE_AFTER`] into neither. One
+    /// window's share counts at most [`MAX_KERNEL_SHARE`] (what the router takes
+    /// anyway): a window with a few module calls and unrelated kernel work must not
+    /// hold the average up for long.
+    fn close_window(&mut self, wall: Duration, caller_ns: u64, kernel_ns: u64) -> Option<u32> {
+        if wall > STALE_AFTER {
+            return None;
+        }
+        let wall_ns = wall.as_nanos() as u64;
+        match share_of(kernel_ns, wall_ns, self.baseline.unwrap_or(0), caller_ns) {
             None => {
                 let rate = kernel_ns.saturating_mul(u64::from(KERNEL_SHARE_UNIT)) / wall_ns.max(1);
-                st.baseline = Some(average(st.baseline, rate));
+                self.baseline = Some(average(self.baseline, rate));
                 None
             }
             Some(share) => {
-                let share = average(st.share, share);
-                st.share = Some(share);
+                let share = average(self.share, share.min(u64::from(MAX_KERNEL_SHARE)));
+                self.share = Some(share);
                 Some(share.min(u64::from(u32::MAX)) as u32)
             }
         }
@@ -643,6 +673,83 @@ mod tests {
         if std::path::Path::new("/proc/self/schedstat").exists() {
             assert!(k.state.lock().unwrap().baseline.is_some());
         }
+    }
+
+    /// Issue 22's miss (CBC, 1 MiB responses, a connection per request, the three nginx
+    /// instances run in turn): the `balanced` nginx sat idle for 9 s while the others
+    /// ran, and its first window after that held 2.5 s of `virtio0-engine` (the
+    /// `module` instance's calls) against its own first 16 KiB module call's 0.2 ms of
+    /// CPU. Folded in, that window made the module look dear for seconds and the
+    /// records went in-line; a window that long now only starts a fresh one.
+    #[test]
+    fn an_idle_spell_does_not_make_the_module_look_dear() {
+        use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode};
+        let record = CallSite {
+            cipher: 0,
+            encrypt: true,
+            len: 16_432,
+        };
+        // The soft guest's 16 KiB records: 1.9 ms in-line; 0.45 ms on the module, 0.2
+        // ms of it nginx's CPU; every CPU busy.
+        let router = || {
+            let r = CallRouter::new(RouterMode::Balanced, 1, None);
+            for _ in 0..8 {
+                r.observe_cpu(record, 1_900_000);
+            }
+            r.observe_module(record, 450_000);
+            r.observe_module_cpu(record, 200_000);
+            r.set_busy(FULL_LOAD);
+            r
+        };
+        let on_module = |r: &CallRouter| {
+            (0..1024)
+                .filter(|_| !matches!(r.route(record), Route::Cpu { .. }))
+                .count()
+        };
+        let half = Duration::from_millis(500);
+        // Its own run: 0.5-s windows, 40 ms of nginx's CPU in module calls and as
+        // much on the kernel's threads.
+        let mut st = KernelState::default();
+        let mut share = None;
+        for _ in 0..8 {
+            share = st.close_window(half, 40_000_000, 40_000_000).or(share);
+        }
+        assert_eq!(share, Some(1000));
+        let r = router();
+        r.set_kernel_share(1000);
+        assert!(on_module(&r) >= 900, "the records go to the module");
+        // The idle spell's reads, had they been a window: the module dear, the
+        // records in-line (and at most 64 ns per ns a window, so not for long).
+        let mut folded = KernelState {
+            share: st.share,
+            ..KernelState::default()
+        };
+        let dear = folded.close_window(half, 200_000, 2_500_000_000);
+        assert_eq!(dear, Some(1000 - 1000 / 4 + MAX_KERNEL_SHARE / 4));
+        let r = router();
+        r.set_kernel_share(dear.unwrap_or(0));
+        assert!(
+            on_module(&r) <= 128,
+            "folded: {} to the module",
+            on_module(&r)
+        );
+        // The fix: a 9-s window is no window; the share stays, and so do the records.
+        let wall = Duration::from_secs(9);
+        assert_eq!(st.close_window(wall, 200_000, 2_500_000_000), None);
+        assert_eq!(st.share, Some(1000));
+        assert_eq!(
+            st.close_window(wall, 0, 2_500_000_000),
+            None,
+            "nor a baseline"
+        );
+        assert_eq!(st.baseline, None);
+        assert_eq!(st.close_window(half, 40_000_000, 40_000_000), Some(1000));
+        let r = router();
+        r.set_kernel_share(1000);
+        assert!(on_module(&r) >= 900);
+        // Up to STALE_AFTER a window counts.
+        assert!(st.close_window(STALE_AFTER, 0, 0).is_none());
+        assert_eq!(st.baseline, Some(0));
     }
 
     /// Threads that run while the module does stay watched; one that stays still

@@ -272,6 +272,43 @@ pub struct Router {
     /// The callers' CPU time in module calls so far, ns (what the kernel threads'
     /// time is weighed against).
     module_cpu_ns: AtomicU64,
+    /// The router's inputs over time, where `HETCRYPT_PROVIDER_TRACE` is set.
+    timeline: Option<Timeline>,
+}
+
+/// The smallest call the timeline follows: TLS records of 4 KiB and up, where the
+/// module can win.
+const TIMELINE_FROM: usize = 4096;
+/// Lines the timeline keeps at most (one per load sample, 10 a second).
+const TIMELINE_LINES: usize = 4096;
+
+/// What the router saw and chose, one line per load sample: how busy the CPUs were,
+/// the kernel share, calls of [`TIMELINE_FROM`] bytes and up routed each way, the
+/// module calls' wall time and how much of it their callers waited for a CPU
+/// (run-queue delay), and each large site's costs as the router weighs them.
+struct Timeline {
+    start: Instant,
+    lines: Mutex<Vec<String>>,
+    to_cpu: AtomicU64,
+    to_module: AtomicU64,
+    module_wall_ns: AtomicU64,
+    module_delay_ns: AtomicU64,
+}
+
+thread_local! {
+    /// This thread's `schedstat`, for the timeline's run-queue delay.
+    static SCHEDSTAT: Option<crate::load::ProcFile> = crate::load::ProcFile::open("/proc/thread-self/schedstat");
+}
+
+/// The calling thread's time spent waiting on a run queue so far, ns (0: unknown).
+fn run_delay_ns() -> u64 {
+    SCHEDSTAT.with(|f| {
+        let mut buf = [0u8; 96];
+        f.as_ref()
+            .and_then(|f| f.read(&mut buf))
+            .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    })
 }
 
 /// Starts the router from the calibration store, where one exists for this machine:
@@ -405,6 +442,14 @@ impl Router {
             load: LoadSampler::default(),
             kernel: KernelSampler::default(),
             module_cpu_ns: AtomicU64::new(0),
+            timeline: std::env::var_os("HETCRYPT_PROVIDER_TRACE").map(|_| Timeline {
+                start: Instant::now(),
+                lines: Mutex::new(Vec::new()),
+                to_cpu: AtomicU64::new(0),
+                to_module: AtomicU64::new(0),
+                module_wall_ns: AtomicU64::new(0),
+                module_delay_ns: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -417,11 +462,64 @@ impl Router {
             if let Some(share) = self.kernel.sample(now, caller_ns) {
                 self.calls.set_kernel_share(share);
             }
+            if let Some(t) = &self.timeline {
+                self.timeline_line(t, now);
+            }
+        }
+    }
+
+    fn timeline_line(&self, t: &Timeline, now: Instant) {
+        let mut line = format!(
+            "  t {:.1} s busy {} share {} to-cpu {} to-module {} module wall {:.1} ms delay {:.1} ms",
+            now.saturating_duration_since(t.start).as_secs_f64(),
+            self.calls.busy(),
+            self.calls
+                .kernel_share()
+                .map_or_else(|| "?".to_string(), |s| s.to_string()),
+            t.to_cpu.swap(0, Ordering::Relaxed),
+            t.to_module.swap(0, Ordering::Relaxed),
+            t.module_wall_ns.swap(0, Ordering::Relaxed) as f64 / 1e6,
+            t.module_delay_ns.swap(0, Ordering::Relaxed) as f64 / 1e6,
+        );
+        for (alg, enc, len, _, module, _) in self.calls.estimates() {
+            if len < TIMELINE_FROM || module == 0 {
+                continue;
+            }
+            let site = CallSite {
+                cipher: alg,
+                encrypt: enc,
+                len,
+            };
+            let (cpu, cost) = self.calls.costs(site);
+            line.push_str(&format!(
+                "; {alg}{} {len}: cpu {:.0} us module {:.0} us (wall {:.0})",
+                if enc { "e" } else { "d" },
+                cpu as f64 / 1e3,
+                cost as f64 / 1e3,
+                module as f64 / 1e3
+            ));
+        }
+        if let Ok(mut lines) = t.lines.lock() {
+            if lines.len() < TIMELINE_LINES {
+                lines.push(line);
+            }
         }
     }
 
     /// Where a call of `len` bytes of cipher `alg` goes.
     pub fn choose(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
+        let dest = self.choose_inner(alg, enc, len);
+        if let Some(t) = self.timeline.as_ref().filter(|_| len >= TIMELINE_FROM) {
+            let n = match dest {
+                Dest::Cpu { .. } => &t.to_cpu,
+                Dest::Module(_) => &t.to_module,
+            };
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        dest
+    }
+
+    fn choose_inner(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
         let Some(module) = self.module.as_ref().filter(|m| m.takes(alg, enc)) else {
             return Dest::Cpu { timed: false };
         };
@@ -491,6 +589,7 @@ impl Router {
             iv,
             input,
         };
+        let delay_started = self.timeline.as_ref().map(|_| run_delay_ns());
         let started = Instant::now();
         let cpu_started = thread_cpu_time();
         let result = module.run(&mut guard, &job, out);
@@ -498,6 +597,13 @@ impl Router {
         let cpu_ns = thread_cpu_time().saturating_sub(cpu_started).as_nanos() as u64;
         let now = Instant::now();
         let ns = now.saturating_duration_since(started).as_nanos() as u64;
+        if let (Some(t), Some(d)) = (&self.timeline, delay_started) {
+            if input.len() >= TIMELINE_FROM {
+                t.module_wall_ns.fetch_add(ns, Ordering::Relaxed);
+                t.module_delay_ns
+                    .fetch_add(run_delay_ns().saturating_sub(d), Ordering::Relaxed);
+            }
+        }
         // Every module call, cold ones too, makes kernel threads work.
         self.module_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
         self.sample_load(now);
@@ -548,6 +654,11 @@ impl Router {
     /// What the router measured, one line per call site: the evidence behind its
     /// choices (written after the summary when `HETCRYPT_PROVIDER_TRACE` is set).
     pub fn trace(&self) -> String {
+        let timeline = self
+            .timeline
+            .as_ref()
+            .and_then(|t| t.lines.lock().ok().map(|l| l.join("\n") + "\n"))
+            .unwrap_or_default();
         let kernel = match self.calls.kernel_share() {
             Some(share) => format!(
                 "{:.2} ns per ns of the callers' CPU in module calls",
@@ -574,7 +685,10 @@ impl Router {
                         module_cpu as f64 / 1e3
                     )
                 });
-        std::iter::once(busy).chain(sites).collect()
+        std::iter::once(busy)
+            .chain(sites)
+            .chain(std::iter::once(timeline))
+            .collect()
     }
 
     /// The one-line summary: what each engine carried.

@@ -139,7 +139,7 @@ pub const KERNEL_SHARE_UNIT: u32 = 1000;
 /// The largest kernel share taken as reported (64x the caller's CPU time): a window
 /// with a few module calls and some unrelated kernel work can report an absurd share;
 /// beyond this the module is dear at every size anyway.
-const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
+pub const MAX_KERNEL_SHARE: u32 = 64 * KERNEL_SHARE_UNIT;
 /// The kernel share before any is reported: not known, so no load credit (a module
 /// call counts its wall time however busy the CPUs). The kernel's work for a module
 /// call can fill its whole wait (the soft guest at 1 KiB); until the caller has
@@ -399,6 +399,22 @@ impl CallRouter {
                 timed: t.is_multiple_of(e.sample_every()),
             }
         }
+    }
+
+    /// What a call at `site` costs now in-line and on the module, in ns, as [`Self::route`]
+    /// weighs them (the module's by the load and the kernel share; 0: not measured).
+    pub fn costs(&self, site: CallSite) -> (u64, u64) {
+        let e = self.estimate(site);
+        let steady = e.module.load(Ordering::Relaxed);
+        let (wall, module_cpu) = if steady == 0 {
+            (e.module_cold.load(Ordering::Relaxed), &e.module_cold_cpu)
+        } else {
+            (steady, &e.module_cpu)
+        };
+        (
+            e.cpu.load(Ordering::Relaxed),
+            self.module_cost(module_cpu.load(Ordering::Relaxed), wall),
+        )
     }
 
     /// What the router has measured: `(cipher, encrypt, smallest length of the size
