@@ -6,14 +6,14 @@
 
 use std::fmt;
 use std::io::{ErrorKind, IoSliceMut, Read, Write};
+use std::sync::Arc;
 
 use hetcrypt::{Dispatcher, Job, JobOutput, KeyId};
-use zeroize::Zeroizing;
 
 use crate::aead::{Aead, ChunkKeys};
 use crate::error::{FormatError, Result};
 use crate::header::{Wrapper, WRAPPER_LEN};
-use crate::kdf::{self, Hash};
+use crate::kdf::{self, Hash, InputKey};
 use crate::manifest;
 use crate::pipeline::Stream;
 use crate::{CHUNK_SIZE, COMMITMENT_LEN, SALT_LEN};
@@ -269,7 +269,7 @@ impl<R: Read> ChunkReader<R> {
 pub struct EncryptStream<R, W> {
     reader: ChunkReader<R>,
     writer: W,
-    input_key: Zeroizing<Vec<u8>>,
+    input_key: Arc<InputKey>,
     params: SealParams,
     keys: Option<ChunkKeys>,
     next_in: u64,
@@ -293,10 +293,16 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
     /// A stream that encrypts `reader` into `writer` under `input_key` (whose length
     /// must be the AEAD's key length).
     pub fn new(reader: R, writer: W, input_key: &[u8], params: SealParams) -> Self {
+        Self::with_key(reader, writer, Arc::new(InputKey::new(input_key)), params)
+    }
+
+    /// The same under an input key shared with other streams (keyed once for all: see
+    /// [`InputKey`]).
+    pub fn with_key(reader: R, writer: W, input_key: Arc<InputKey>, params: SealParams) -> Self {
         EncryptStream {
             reader: ChunkReader::new(reader, CHUNK_SIZE),
             writer,
-            input_key: Zeroizing::new(input_key.to_vec()),
+            input_key,
             params,
             keys: None,
             next_in: 0,
@@ -362,7 +368,7 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
             }
             Framing::Bare { context } => context.clone(),
         };
-        let derived = kdf::derive(self.params.hash, aead, &self.input_key, &salt, &context)?;
+        let derived = kdf::derive_with(self.params.hash, aead, &self.input_key, &salt, &context)?;
         self.writer.write_all(&salt)?;
         self.writer.write_all(&derived.commitment)?;
         self.commitment = Some(derived.commitment);
@@ -446,7 +452,7 @@ impl<R: Read, W: ChunkWrite> Stream for EncryptStream<R, W> {
 pub struct DecryptStream<R, W> {
     reader: ChunkReader<R>,
     writer: W,
-    input_key: Zeroizing<Vec<u8>>,
+    input_key: Arc<InputKey>,
     params: OpenParams,
     keys: Option<ChunkKeys>,
     next_in: u64,
@@ -469,12 +475,18 @@ impl<R, W> fmt::Debug for DecryptStream<R, W> {
 impl<R: Read, W: Write> DecryptStream<R, W> {
     /// A stream that decrypts `reader` into `writer` under `input_key`.
     pub fn new(reader: R, writer: W, input_key: &[u8], params: OpenParams) -> Self {
+        Self::with_key(reader, writer, Arc::new(InputKey::new(input_key)), params)
+    }
+
+    /// The same under an input key shared with other streams (keyed once for all: see
+    /// [`InputKey`]).
+    pub fn with_key(reader: R, writer: W, input_key: Arc<InputKey>, params: OpenParams) -> Self {
         DecryptStream {
             // The piece length is the AEAD's full chunk, set once the header names it;
             // whether a full chunk was the last one is known by reading the next piece.
             reader: ChunkReader::new(reader, CHUNK_SIZE),
             writer,
-            input_key: Zeroizing::new(input_key.to_vec()),
+            input_key,
             params,
             keys: None,
             next_in: 0,
@@ -591,7 +603,7 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
                 return Err(FormatError::ManifestMismatch);
             }
         }
-        let derived = kdf::derive(hash, aead, &self.input_key, salt, &context)?;
+        let derived = kdf::derive_with(hash, aead, &self.input_key, salt, &context)?;
         if !openssl::memcmp::eq(&derived.commitment, commitment) {
             return Err(FormatError::WrongKey);
         }
