@@ -77,7 +77,7 @@ impl Hash {
     /// outputs long).
     #[cfg(test)]
     fn expand(self, prk: &[u8], info: &[u8], okm: &mut [u8]) {
-        InputKey::new(prk).expand(self, info, okm);
+        InputKey::new(prk).expand(self, &[info], okm);
     }
 }
 
@@ -153,7 +153,7 @@ impl InputKey {
 
     /// HKDF-Expand (RFC 5869 2.3) of this key and `info` into `okm` (at most 255 hash
     /// outputs long) with `hash`.
-    fn expand(&self, hash: Hash, info: &[u8], okm: &mut [u8]) {
+    fn expand(&self, hash: Hash, info: &[&[u8]], okm: &mut [u8]) {
         match hash {
             Hash::Sha256 => expand(keyed(&self.sha256, &self.bytes), info, okm),
             Hash::Sha512 => expand(keyed(&self.sha512, &self.bytes), info, okm),
@@ -168,24 +168,34 @@ fn keyed<'c, M: KeyInit>(cell: &'c OnceLock<M>, prk: &[u8]) -> &'c M {
 }
 
 /// HKDF-Expand with the keyed HMAC `keyed`: `T(i) = HMAC(prk, T(i-1) || info || i)`,
-/// `okm` the first bytes of `T(1) || T(2) || ...`.
-fn expand<M: Mac + Clone>(keyed: &M, info: &[u8], okm: &mut [u8]) {
-    let mut previous = Zeroizing::new(Vec::new());
-    for (i, block) in okm
-        .chunks_mut(<M as hmac::digest::OutputSizeUser>::output_size())
-        .enumerate()
-    {
+/// `okm` the first bytes of `T(1) || T(2) || ...`; `info` is given in pieces (no
+/// buffer is made to join them).
+fn expand<M: Mac + Clone>(keyed: &M, info: &[&[u8]], okm: &mut [u8]) {
+    let size = <M as hmac::digest::OutputSizeUser>::output_size();
+    let mut previous = Zeroizing::new([0u8; MAX_HASH_LEN]);
+    let mut previous_len = 0;
+    for (i, block) in okm.chunks_mut(size).enumerate() {
         let counter = u8::try_from(i + 1).expect("an okm of at most 255 blocks");
         let mut mac = keyed.clone();
-        mac.update(&previous);
-        mac.update(info);
+        mac.update(&previous[..previous_len]);
+        for piece in info {
+            mac.update(piece);
+        }
         mac.update(&[counter]);
         let mut t = mac.finalize().into_bytes();
         block.copy_from_slice(&t[..block.len()]);
-        previous = Zeroizing::new(t.to_vec());
+        previous[..t.len()].copy_from_slice(&t);
+        previous_len = t.len();
         t.as_mut_slice().zeroize();
     }
 }
+
+/// The longest hash output (SHA-512's): `T(i)`'s room.
+const MAX_HASH_LEN: usize = 64;
+
+/// The longest `key || base nonce || commitment` of any AEAD (32 + 16 + 32 bytes):
+/// the derived bytes' room on the stack.
+const MAX_OKM_LEN: usize = 80;
 
 /// Derives the message key, base nonce and commitment. The input key must have the
 /// AEAD's key length.
@@ -218,16 +228,17 @@ pub fn derive_with(
     if context.len() > MAX_CONTEXT_LEN {
         return Err(FormatError::ContextTooLong(context.len()));
     }
-    let mut info = Vec::with_capacity(INFO_PREFIX.len() + 32 + 1 + SALT_LEN + context.len());
-    info.extend_from_slice(INFO_PREFIX);
-    info.extend_from_slice(aead.iana_name().as_bytes());
-    info.push(0x00);
-    info.extend_from_slice(salt);
-    info.extend_from_slice(context);
-
+    let info: [&[u8]; 5] = [
+        INFO_PREFIX,
+        aead.iana_name().as_bytes(),
+        &[0x00],
+        salt,
+        context,
+    ];
     let (key_len, nonce_len) = (aead.key_len(), aead.nonce_len());
-    let mut okm = Zeroizing::new(vec![0u8; key_len + nonce_len + COMMITMENT_LEN]);
-    input_key.expand(hash, &info, &mut okm);
+    let mut okm_buf = Zeroizing::new([0u8; MAX_OKM_LEN]);
+    let okm = &mut okm_buf[..key_len + nonce_len + COMMITMENT_LEN];
+    input_key.expand(hash, &info, okm);
 
     let mut commitment = [0u8; COMMITMENT_LEN];
     commitment.copy_from_slice(&okm[key_len + nonce_len..]);

@@ -224,10 +224,15 @@ impl<R: Read> ChunkReader<R> {
         let (mut full, mut part) = (0, 0);
         while full < pieces.len() {
             let (first, rest) = pieces[full..].split_first_mut().expect("full < len");
-            let mut slices: Vec<IoSliceMut<'_>> = Vec::with_capacity(rest.len() + 1);
-            slices.push(IoSliceMut::new(&mut first[part..]));
-            slices.extend(rest.iter_mut().map(|p| IoSliceMut::new(p)));
-            let n = match self.reader.read_vectored(&mut slices) {
+            let count = rest.len() + 1;
+            // On the stack: no allocation per read (a tree's small files read once each).
+            let mut slices: [IoSliceMut<'_>; MAX_READ_AHEAD] =
+                std::array::from_fn(|_| IoSliceMut::new(&mut []));
+            slices[0] = IoSliceMut::new(&mut first[part..]);
+            for (slice, piece) in slices[1..].iter_mut().zip(rest.iter_mut()) {
+                *slice = IoSliceMut::new(piece);
+            }
+            let n = match self.reader.read_vectored(&mut slices[..count]) {
                 Ok(0) => {
                     self.ended = true;
                     break;
@@ -244,19 +249,23 @@ impl<R: Read> ChunkReader<R> {
             part %= self.piece;
         }
         let kept = if self.ended { full + 1 } else { full };
-        let mut unused = pieces.split_off(kept);
+        buffers.extend(pieces.drain(kept..));
         if self.ended {
             if part == 0 {
                 // An empty last piece needs no memory: its buffer goes back whole, so
                 // the next read into it need not zero it again (16 KiB per file of a
                 // tree of 16 KiB files).
-                unused.push(std::mem::take(&mut pieces[full]));
+                buffers.push(std::mem::take(&mut pieces[full]));
             } else {
                 pieces[full].truncate(part);
             }
         }
-        buffers.append(&mut unused);
-        self.ahead.extend(pieces);
+        if self.ahead.is_empty() {
+            // The pieces' own vector becomes the queue: no allocation.
+            self.ahead = pieces.into();
+        } else {
+            self.ahead.extend(pieces);
+        }
         Ok(())
     }
 
