@@ -24,14 +24,14 @@ mod walk;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use hetcrypt_format::manifest::MANIFEST_NAME;
 use hetcrypt_format::{
-    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, Observer, OpenParams, Pipeline,
-    SealParams, Stream,
+    Aead, DecryptStream, EncryptStream, FileEntry, FormatError, InputKey, Observer, OpenParams,
+    Pipeline, SealParams, Stream,
 };
 use indicatif::ProgressBar;
 
@@ -617,6 +617,8 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
             aead.key_len() * 8
         );
     }
+    // One input key for every file: its HMAC is keyed once (see `InputKey`).
+    let shared = Arc::new(InputKey::new(&key));
     run(
         &args.common,
         Way::Encrypt,
@@ -627,7 +629,8 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
                 Some((path, _)) => SealParams::new(aead).tree_path(path),
                 None => SealParams::new(aead),
             };
-            EncryptStream::new(input, output, &key, params).read_ahead(read_ahead(size))
+            EncryptStream::with_key(input, output, shared.clone(), params)
+                .read_ahead(read_ahead(size))
         },
     )
 }
@@ -635,14 +638,16 @@ pub fn run_encrypt(args: EncryptArgs) -> anyhow::Result<ExitCode> {
 /// Runs `hetcrypt decrypt`.
 pub fn run_decrypt(args: DecryptArgs) -> anyhow::Result<ExitCode> {
     let key = read_key_file(&args.common.key)?;
+    let shared = Arc::new(InputKey::new(&key));
     run(
         &args.common,
         Way::Decrypt,
         &key,
         None,
         |input, output, size, tree| {
-            let mut stream = DecryptStream::new(input, output, &key, OpenParams::Hetcrypt)
-                .read_ahead(read_ahead(size));
+            let mut stream =
+                DecryptStream::with_key(input, output, shared.clone(), OpenParams::Hetcrypt)
+                    .read_ahead(read_ahead(size));
             if let Some(len) = size {
                 stream = stream.with_input_len(len);
             }

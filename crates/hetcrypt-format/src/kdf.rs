@@ -17,6 +17,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Serialize;
@@ -74,11 +75,9 @@ impl Hash {
 
     /// HKDF-Expand (RFC 5869 2.3) of `prk` and `info` into `okm` (at most 255 hash
     /// outputs long).
+    #[cfg(test)]
     fn expand(self, prk: &[u8], info: &[u8], okm: &mut [u8]) {
-        match self {
-            Hash::Sha256 => expand::<Hmac<Sha256>>(prk, info, okm),
-            Hash::Sha512 => expand::<Hmac<Sha512>>(prk, info, okm),
-        }
+        InputKey::new(prk).expand(self, &[info], okm);
     }
 }
 
@@ -116,27 +115,87 @@ impl fmt::Debug for Derived {
     }
 }
 
-/// HKDF-Expand with the HMAC `M`: `T(i) = HMAC(prk, T(i-1) || info || i)`, `okm` the
-/// first bytes of `T(1) || T(2) || ...`.
-fn expand<M: Mac + KeyInit + Clone>(prk: &[u8], info: &[u8], okm: &mut [u8]) {
+/// An input key (the HKDF PRK), with its HMAC states keyed once, on first use, for
+/// every message derived from it: keying is two of the four SHA-512 compressions of a
+/// small file's derivation, so a run shares one `InputKey` among its messages. The
+/// key and the keyed states are zeroed on drop.
+pub struct InputKey {
+    bytes: Zeroizing<Vec<u8>>,
+    sha256: OnceLock<Hmac<Sha256>>,
+    sha512: OnceLock<Hmac<Sha512>>,
+}
+
+impl fmt::Debug for InputKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("InputKey(redacted)")
+    }
+}
+
+impl InputKey {
+    /// The input key `bytes` (copied), nothing keyed yet.
+    pub fn new(bytes: &[u8]) -> Self {
+        InputKey {
+            bytes: Zeroizing::new(bytes.to_vec()),
+            sha256: OnceLock::new(),
+            sha512: OnceLock::new(),
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// HKDF-Expand (RFC 5869 2.3) of this key and `info` into `okm` (at most 255 hash
+    /// outputs long) with `hash`.
+    fn expand(&self, hash: Hash, info: &[&[u8]], okm: &mut [u8]) {
+        match hash {
+            Hash::Sha256 => expand(keyed(&self.sha256, &self.bytes), info, okm),
+            Hash::Sha512 => expand(keyed(&self.sha512, &self.bytes), info, okm),
+        }
+    }
+}
+
+/// The HMAC `M` keyed with `prk`, made once in `cell`.
+fn keyed<'c, M: KeyInit>(cell: &'c OnceLock<M>, prk: &[u8]) -> &'c M {
     // HMAC takes a key of any length (RFC 2104: longer keys are hashed, shorter padded).
-    let keyed = <M as KeyInit>::new_from_slice(prk).expect("HMAC accepts any key length");
-    let mut previous = Zeroizing::new(Vec::new());
-    for (i, block) in okm
-        .chunks_mut(<M as hmac::digest::OutputSizeUser>::output_size())
-        .enumerate()
-    {
+    cell.get_or_init(|| <M as KeyInit>::new_from_slice(prk).expect("HMAC accepts any key length"))
+}
+
+/// HKDF-Expand with the keyed HMAC `keyed`: `T(i) = HMAC(prk, T(i-1) || info || i)`,
+/// `okm` the first bytes of `T(1) || T(2) || ...`; `info` is given in pieces (no
+/// buffer is made to join them).
+fn expand<M: Mac + Clone>(keyed: &M, info: &[&[u8]], okm: &mut [u8]) {
+    let size = <M as hmac::digest::OutputSizeUser>::output_size();
+    let mut previous = Zeroizing::new([0u8; MAX_HASH_LEN]);
+    let mut previous_len = 0;
+    for (i, block) in okm.chunks_mut(size).enumerate() {
         let counter = u8::try_from(i + 1).expect("an okm of at most 255 blocks");
         let mut mac = keyed.clone();
-        mac.update(&previous);
-        mac.update(info);
+        mac.update(&previous[..previous_len]);
+        for piece in info {
+            mac.update(piece);
+        }
         mac.update(&[counter]);
         let mut t = mac.finalize().into_bytes();
         block.copy_from_slice(&t[..block.len()]);
-        previous = Zeroizing::new(t.to_vec());
+        previous[..t.len()].copy_from_slice(&t);
+        previous_len = t.len();
         t.as_mut_slice().zeroize();
     }
 }
+
+/// The longest hash output (SHA-512's): `T(i)`'s room.
+const MAX_HASH_LEN: usize = 64;
+
+/// The longest `key || base nonce || commitment` of any AEAD (32 + 16 + 32 bytes):
+/// the derived bytes' room on the stack.
+const MAX_OKM_LEN: usize = 80;
 
 /// Derives the message key, base nonce and commitment. The input key must have the
 /// AEAD's key length.
@@ -144,6 +203,18 @@ pub fn derive(
     hash: Hash,
     aead: Aead,
     input_key: &[u8],
+    salt: &[u8; SALT_LEN],
+    context: &[u8],
+) -> Result<Derived> {
+    derive_with(hash, aead, &InputKey::new(input_key), salt, context)
+}
+
+/// [`derive`] under an [`InputKey`] (its HMAC keyed once for all the messages that
+/// share it).
+pub fn derive_with(
+    hash: Hash,
+    aead: Aead,
+    input_key: &InputKey,
     salt: &[u8; SALT_LEN],
     context: &[u8],
 ) -> Result<Derived> {
@@ -157,16 +228,17 @@ pub fn derive(
     if context.len() > MAX_CONTEXT_LEN {
         return Err(FormatError::ContextTooLong(context.len()));
     }
-    let mut info = Vec::with_capacity(INFO_PREFIX.len() + 32 + 1 + SALT_LEN + context.len());
-    info.extend_from_slice(INFO_PREFIX);
-    info.extend_from_slice(aead.iana_name().as_bytes());
-    info.push(0x00);
-    info.extend_from_slice(salt);
-    info.extend_from_slice(context);
-
+    let info: [&[u8]; 5] = [
+        INFO_PREFIX,
+        aead.iana_name().as_bytes(),
+        &[0x00],
+        salt,
+        context,
+    ];
     let (key_len, nonce_len) = (aead.key_len(), aead.nonce_len());
-    let mut okm = Zeroizing::new(vec![0u8; key_len + nonce_len + COMMITMENT_LEN]);
-    hash.expand(input_key, &info, &mut okm);
+    let mut okm_buf = Zeroizing::new([0u8; MAX_OKM_LEN]);
+    let okm = &mut okm_buf[..key_len + nonce_len + COMMITMENT_LEN];
+    input_key.expand(hash, &info, okm);
 
     let mut commitment = [0u8; COMMITMENT_LEN];
     commitment.copy_from_slice(&okm[key_len + nonce_len..]);
@@ -219,6 +291,26 @@ mod tests {
                             "{hash} prk {prk_len} info {info_len} len {len}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// One `InputKey` shared by many messages derives for each what a key of its own
+    /// would: the keyed state is kept as keyed, never as updated by a message.
+    #[test]
+    fn a_shared_input_key_derives_as_a_fresh_one() {
+        let bytes = [9u8; 16];
+        let shared = InputKey::new(&bytes);
+        for round in 0..3u8 {
+            for hash in Hash::ALL {
+                for (i, context) in [&b""[..], b"a/b", &[round; 300]].into_iter().enumerate() {
+                    let salt = [round.wrapping_mul(31).wrapping_add(i as u8); SALT_LEN];
+                    let got = derive_with(hash, Aead::Aes128Gcm, &shared, &salt, context).unwrap();
+                    let want = derive(hash, Aead::Aes128Gcm, &bytes, &salt, context).unwrap();
+                    assert_eq!(*got.key, *want.key);
+                    assert_eq!(*got.base_nonce, *want.base_nonce);
+                    assert_eq!(got.commitment, want.commitment);
                 }
             }
         }

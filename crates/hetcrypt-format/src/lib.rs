@@ -39,7 +39,7 @@ use hetcrypt::policy::Policy;
 pub use aead::Aead;
 pub use error::{FormatError, Result};
 pub use header::Wrapper;
-pub use kdf::Hash;
+pub use kdf::{Hash, InputKey};
 pub use manifest::{FileEntry, Manifest};
 pub use pipeline::{Observer, Pipeline, Stats, Stream};
 pub use stream::{ChunkWrite, DecryptStream, EncryptStream, Framing, OpenParams, SealParams};

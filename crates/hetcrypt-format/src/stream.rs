@@ -6,14 +6,14 @@
 
 use std::fmt;
 use std::io::{ErrorKind, IoSliceMut, Read, Write};
+use std::sync::Arc;
 
 use hetcrypt::{Dispatcher, Job, JobOutput, KeyId};
-use zeroize::Zeroizing;
 
 use crate::aead::{Aead, ChunkKeys};
 use crate::error::{FormatError, Result};
 use crate::header::{Wrapper, WRAPPER_LEN};
-use crate::kdf::{self, Hash};
+use crate::kdf::{self, Hash, InputKey};
 use crate::manifest;
 use crate::pipeline::Stream;
 use crate::{CHUNK_SIZE, COMMITMENT_LEN, SALT_LEN};
@@ -224,10 +224,15 @@ impl<R: Read> ChunkReader<R> {
         let (mut full, mut part) = (0, 0);
         while full < pieces.len() {
             let (first, rest) = pieces[full..].split_first_mut().expect("full < len");
-            let mut slices: Vec<IoSliceMut<'_>> = Vec::with_capacity(rest.len() + 1);
-            slices.push(IoSliceMut::new(&mut first[part..]));
-            slices.extend(rest.iter_mut().map(|p| IoSliceMut::new(p)));
-            let n = match self.reader.read_vectored(&mut slices) {
+            let count = rest.len() + 1;
+            // On the stack: no allocation per read (a tree's small files read once each).
+            let mut slices: [IoSliceMut<'_>; MAX_READ_AHEAD] =
+                std::array::from_fn(|_| IoSliceMut::new(&mut []));
+            slices[0] = IoSliceMut::new(&mut first[part..]);
+            for (slice, piece) in slices[1..].iter_mut().zip(rest.iter_mut()) {
+                *slice = IoSliceMut::new(piece);
+            }
+            let n = match self.reader.read_vectored(&mut slices[..count]) {
                 Ok(0) => {
                     self.ended = true;
                     break;
@@ -244,19 +249,23 @@ impl<R: Read> ChunkReader<R> {
             part %= self.piece;
         }
         let kept = if self.ended { full + 1 } else { full };
-        let mut unused = pieces.split_off(kept);
+        buffers.extend(pieces.drain(kept..));
         if self.ended {
             if part == 0 {
                 // An empty last piece needs no memory: its buffer goes back whole, so
                 // the next read into it need not zero it again (16 KiB per file of a
                 // tree of 16 KiB files).
-                unused.push(std::mem::take(&mut pieces[full]));
+                buffers.push(std::mem::take(&mut pieces[full]));
             } else {
                 pieces[full].truncate(part);
             }
         }
-        buffers.append(&mut unused);
-        self.ahead.extend(pieces);
+        if self.ahead.is_empty() {
+            // The pieces' own vector becomes the queue: no allocation.
+            self.ahead = pieces.into();
+        } else {
+            self.ahead.extend(pieces);
+        }
         Ok(())
     }
 
@@ -269,7 +278,7 @@ impl<R: Read> ChunkReader<R> {
 pub struct EncryptStream<R, W> {
     reader: ChunkReader<R>,
     writer: W,
-    input_key: Zeroizing<Vec<u8>>,
+    input_key: Arc<InputKey>,
     params: SealParams,
     keys: Option<ChunkKeys>,
     next_in: u64,
@@ -293,10 +302,16 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
     /// A stream that encrypts `reader` into `writer` under `input_key` (whose length
     /// must be the AEAD's key length).
     pub fn new(reader: R, writer: W, input_key: &[u8], params: SealParams) -> Self {
+        Self::with_key(reader, writer, Arc::new(InputKey::new(input_key)), params)
+    }
+
+    /// The same under an input key shared with other streams (keyed once for all: see
+    /// [`InputKey`]).
+    pub fn with_key(reader: R, writer: W, input_key: Arc<InputKey>, params: SealParams) -> Self {
         EncryptStream {
             reader: ChunkReader::new(reader, CHUNK_SIZE),
             writer,
-            input_key: Zeroizing::new(input_key.to_vec()),
+            input_key,
             params,
             keys: None,
             next_in: 0,
@@ -362,7 +377,7 @@ impl<R: Read, W: Write> EncryptStream<R, W> {
             }
             Framing::Bare { context } => context.clone(),
         };
-        let derived = kdf::derive(self.params.hash, aead, &self.input_key, &salt, &context)?;
+        let derived = kdf::derive_with(self.params.hash, aead, &self.input_key, &salt, &context)?;
         self.writer.write_all(&salt)?;
         self.writer.write_all(&derived.commitment)?;
         self.commitment = Some(derived.commitment);
@@ -446,7 +461,7 @@ impl<R: Read, W: ChunkWrite> Stream for EncryptStream<R, W> {
 pub struct DecryptStream<R, W> {
     reader: ChunkReader<R>,
     writer: W,
-    input_key: Zeroizing<Vec<u8>>,
+    input_key: Arc<InputKey>,
     params: OpenParams,
     keys: Option<ChunkKeys>,
     next_in: u64,
@@ -469,12 +484,18 @@ impl<R, W> fmt::Debug for DecryptStream<R, W> {
 impl<R: Read, W: Write> DecryptStream<R, W> {
     /// A stream that decrypts `reader` into `writer` under `input_key`.
     pub fn new(reader: R, writer: W, input_key: &[u8], params: OpenParams) -> Self {
+        Self::with_key(reader, writer, Arc::new(InputKey::new(input_key)), params)
+    }
+
+    /// The same under an input key shared with other streams (keyed once for all: see
+    /// [`InputKey`]).
+    pub fn with_key(reader: R, writer: W, input_key: Arc<InputKey>, params: OpenParams) -> Self {
         DecryptStream {
             // The piece length is the AEAD's full chunk, set once the header names it;
             // whether a full chunk was the last one is known by reading the next piece.
             reader: ChunkReader::new(reader, CHUNK_SIZE),
             writer,
-            input_key: Zeroizing::new(input_key.to_vec()),
+            input_key,
             params,
             keys: None,
             next_in: 0,
@@ -591,7 +612,7 @@ impl<R: Read, W: Write> DecryptStream<R, W> {
                 return Err(FormatError::ManifestMismatch);
             }
         }
-        let derived = kdf::derive(hash, aead, &self.input_key, salt, &context)?;
+        let derived = kdf::derive_with(hash, aead, &self.input_key, salt, &context)?;
         if !openssl::memcmp::eq(&derived.commitment, commitment) {
             return Err(FormatError::WrongKey);
         }

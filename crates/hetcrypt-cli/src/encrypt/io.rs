@@ -691,7 +691,7 @@ impl TempSink {
             None => {
                 match &self.taken {
                     Some(t) => {
-                        write_all_at_vectored(&file, &[&t.before, &t.chunk, &self.buf], self.at)?
+                        write_all_at_vectored(&file, [&t.before, &t.chunk, &self.buf], self.at)?
                     }
                     None => file.write_all_at(&self.buf, self.at)?,
                 }
@@ -705,14 +705,21 @@ impl TempSink {
 }
 
 /// Writes `parts` one after another at `offset`: one `pwritev` unless the kernel
-/// writes less than asked.
-fn write_all_at_vectored(file: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
-    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+/// writes less than asked. The I/O vectors live on the stack (no allocation per file).
+fn write_all_at_vectored<const N: usize>(
+    file: &File,
+    mut parts: [&[u8]; N],
+    mut offset: u64,
+) -> io::Result<()> {
     let mut first = 0;
-    while first < parts.len() {
-        let slices: Vec<io::IoSlice<'_>> =
-            parts[first..].iter().map(|p| io::IoSlice::new(p)).collect();
-        let mut n = match rustix::io::pwritev(file, &slices, offset) {
+    while first < N {
+        if parts[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let slices: [io::IoSlice<'_>; N] =
+            std::array::from_fn(|i| io::IoSlice::new(parts.get(first + i).copied().unwrap_or(&[])));
+        let mut n = match rustix::io::pwritev(file, &slices[..N - first], offset) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(Errno::INTR) => continue,
@@ -1012,7 +1019,7 @@ mod tests {
         let path = dir.path().join("f");
         let file = File::create(&path).unwrap();
         let big = vec![7u8; 3 * 65_536 + 5];
-        write_all_at_vectored(&file, &[b"head", b"", &big, b"tail"], 3).unwrap();
+        write_all_at_vectored(&file, [b"head", b"", &big, b"tail"], 3).unwrap();
         let got = std::fs::read(&path).unwrap();
         assert_eq!(&got[..3], &[0, 0, 0]);
         assert_eq!(&got[3..7], b"head");
