@@ -1093,6 +1093,7 @@ impl Lane for CpuLane {
         self.cbc_chains.retain(|((id, _), _)| !ids.contains(id));
         self.aes_keys.retain(|((id, _), _)| !ids.contains(id));
         self.gcm_keys.retain(|((id, _), _)| !ids.contains(id));
+        self.vaes_keys.retain(|((id, _), _)| !ids.contains(id));
         true
     }
 
@@ -1469,10 +1470,18 @@ mod tests {
                 || lane.cbc_chains.iter().any(|((k, _), _)| *k == id)
                 || lane.aes_keys.iter().any(|((k, _), _)| *k == id)
                 || lane.gcm_keys.iter().any(|((k, _), _)| *k == id)
+                || lane.vaes_keys.iter().any(|((k, _), _)| *k == id)
         };
         assert!(holds(&lane, a) && holds(&lane, b));
+        // Where the CPU has VAES-512, lockstep CBC kept a schedule of each key too.
+        let vaes_held =
+            |lane: &CpuLane, id: KeyId| lane.vaes_keys.iter().any(|((k, _), _)| *k == id);
+        if vaes::available() {
+            assert!(vaes_held(&lane, a) && vaes_held(&lane, b));
+        }
         assert!(lane.forget_keys(&[a]));
         assert!(!holds(&lane, a) && holds(&lane, b));
+        assert!(!vaes_held(&lane, a));
         let job = Job::new(
             Cipher::AES_128_CBC,
             Direction::Encrypt,
