@@ -65,9 +65,6 @@ const DRIFT_CAP: f64 = model::OUTLIER_CAP;
 /// jobs). A re-measurement counts its share of it ([`model::REMEASURE_RATIO`]).
 const LANE_START: Duration = Duration::from_millis(1);
 
-/// A lane of a sole batch has no class yet.
-const NO_CLASS: usize = usize::MAX;
-
 /// What the model is keyed by across batches: the engine (its position in
 /// [`Knowledge::engines`]), cipher, direction, size bucket.
 type ModelKey = (usize, Cipher, Direction, usize);
@@ -105,11 +102,8 @@ impl Knowledge {
 
     /// The calibration's cost of one job of bucket `b` on engine `id`, in seconds.
     fn stored(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
-        let name = &self.engines[id].0;
-        let cost = self
-            .seed
-            .as_ref()?
-            .cost(name, cipher, direction, model::bucket_floor(b))?;
+        let (cal, len) = (self.seed.as_ref()?, model::bucket_floor(b));
+        let cost = cal.cost(&self.engines[id].0, cipher, direction, len)?;
         Some(cost.as_secs_f64())
     }
 
@@ -141,25 +135,17 @@ impl Knowledge {
 
     /// The calibration's mix gain for engine `id` on a class (see [`model::MIX_GAIN`]).
     fn gain(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
-        let len = model::bucket_floor(b);
-        self.seed
-            .as_ref()?
-            .mix_gain(&self.engines[id].0, cipher, direction, len)
+        let (cal, len) = (self.seed.as_ref()?, model::bucket_floor(b));
+        cal.mix_gain(&self.engines[id].0, cipher, direction, len)
     }
 
     /// The position of engine `name` with `lanes` lanes in `engines`, added if new.
     fn engine(&mut self, name: &str, lanes: usize) -> usize {
-        match self
-            .engines
-            .iter()
-            .position(|(n, l, _)| n == name && *l == lanes)
-        {
-            Some(id) => id,
-            None => {
-                self.engines.push((name.to_string(), lanes, 0));
-                self.engines.len() - 1
-            }
-        }
+        let known = |(n, l, _): &(String, usize, u32)| n == name && *l == lanes;
+        self.engines.iter().position(known).unwrap_or_else(|| {
+            self.engines.push((name.to_string(), lanes, 0));
+            self.engines.len() - 1
+        })
     }
 }
 
@@ -234,14 +220,7 @@ impl Adaptive {
                 mix_gain: known.gain(id, cipher, direction, b),
             })
             .collect();
-        out.sort_by(|a, b| {
-            (&a.engine, a.cipher, a.direction, a.min_len).cmp(&(
-                &b.engine,
-                b.cipher,
-                b.direction,
-                b.min_len,
-            ))
-        });
+        out.sort_by_key(|l| (l.engine.clone(), l.cipher, l.direction, l.min_len));
         out
     }
 }
@@ -298,8 +277,9 @@ struct LaneState {
 /// stores (only the lane's thread touches them) so that a pull takes no lock. It is
 /// timed in *segments* of consecutive pulls of one class ([`SOLE_SEGMENT`]), each ended
 /// by one clock read that starts the next: one sample per segment.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct SoleRun {
+    /// The class it is on (the first, before its first pull).
     class: AtomicUsize,
     /// Pulls in the open segment (none open at 0), the jobs they took, and whether one
     /// of them got fewer jobs than it asked for.
@@ -310,24 +290,11 @@ struct SoleRun {
     since: AtomicU64,
 }
 
-impl Default for SoleRun {
-    fn default() -> Self {
-        SoleRun {
-            class: AtomicUsize::new(NO_CLASS),
-            pulls: AtomicU32::new(0),
-            jobs: AtomicUsize::new(0),
-            partial: AtomicBool::new(false),
-            since: AtomicU64::new(0),
-        }
-    }
-}
-
 /// Jobs that the same engines can run, of one cipher, direction and size bucket.
 struct Class {
     engines: EngineMask,
     /// Index into the schedule's model keys.
     key: usize,
-    bucket: usize,
     max_len: usize,
     jobs: JobList,
 }
@@ -337,9 +304,6 @@ struct AdaptiveSchedule {
     classes: Vec<Class>,
     /// (cipher, direction, bucket) per model key.
     keys: Vec<(Cipher, Direction, usize)>,
-    /// Per model key: the keys of the same cipher and direction with smaller buckets,
-    /// largest first.
-    smaller: Vec<Vec<usize>>,
     /// Per engine and key (`engine * keys.len() + key`): the cost estimate, and the
     /// calibration's mix gain.
     estimates: Vec<SharedEstimate>,
@@ -392,10 +356,9 @@ impl AdaptiveSchedule {
         let mut class_index: HashMap<(EngineMask, u64), usize> = HashMap::new();
         let mut key_index: HashMap<u64, usize> = HashMap::new();
         let mut keys = Vec::new();
-        let mut members: Vec<(EngineMask, usize, usize, usize, ListBuilder)> = Vec::new();
+        let mut members: Vec<(EngineMask, usize, usize, ListBuilder)> = Vec::new();
         // Consecutive jobs are mostly of one class: a run of them is looked up (hashed)
         // once and added whole (hashing every job cost a third of a 16-byte job).
-        let jobs = plan.jobs;
         // Cipher, direction and size bucket compared as one word.
         let code = |job: &JobMeta| {
             (model::bucket(job.len) as u64) << 16
@@ -404,83 +367,54 @@ impl AdaptiveSchedule {
                 | job.direction as u64
         };
         let mut start = 0;
-        while let Some(job) = jobs.get(start) {
-            let engines = job.engines.intersect(live);
+        for run in plan.jobs.chunk_by(|a, b| {
+            a.engines.intersect(live) == b.engines.intersect(live) && code(a) == code(b)
+        }) {
+            let jobs = start..start + run.len();
+            start = jobs.end;
+            let Some(job) = run.first() else { continue };
+            let (engines, this) = (job.engines.intersect(live), code(job));
             if engines.is_empty() {
-                start += 1;
                 continue;
             }
-            let this = code(job);
-            let mut end = start + 1;
-            let mut max_len = job.len;
-            while let Some(next) = jobs
-                .get(end)
-                .filter(|next| next.engines.intersect(live) == engines && code(next) == this)
-            {
-                max_len = max_len.max(next.len);
-                end += 1;
-            }
-            let b = model::bucket(job.len);
             let key = *key_index.entry(this).or_insert_with(|| {
-                keys.push((job.cipher, job.direction, b));
+                keys.push((job.cipher, job.direction, model::bucket(job.len)));
                 keys.len() - 1
             });
             let q = *class_index.entry((engines, this)).or_insert_with(|| {
-                members.push((engines, key, b, 0, ListBuilder::default()));
+                members.push((engines, key, 0, ListBuilder::default()));
                 members.len() - 1
             });
-            members[q].3 = members[q].3.max(max_len);
-            members[q].4.extend(start..end);
-            start = end;
+            members[q].2 = run.iter().fold(members[q].2, |max, job| max.max(job.len));
+            members[q].3.extend(jobs);
         }
         // Within a class, jobs are taken in batch order.
         let classes: Vec<Class> = members
             .into_iter()
-            .map(|(engines, key, bucket, max_len, jobs)| Class {
+            .map(|(engines, key, max_len, jobs)| Class {
                 engines,
                 key,
-                bucket,
                 max_len,
                 jobs: jobs.build(),
             })
             .collect();
-        let smaller = keys
-            .iter()
-            .map(|&(c, d, b)| {
-                let mut below: Vec<usize> = (0..keys.len())
-                    .filter(|&k| keys[k].0 == c && keys[k].1 == d && keys[k].2 < b)
-                    .collect();
-                below.sort_by_key(|&k| std::cmp::Reverse(keys[k].2));
-                below
-            })
-            .collect();
 
         let n_engines = plan.engines.len();
-        let mut lanes = vec![0usize; n_engines];
-        for l in plan.lanes {
-            lanes[l.engine] += 1;
-        }
-        let (ids, estimates, gains, remeasure_due) = {
-            let mut known = lock(&learned);
-            let ids: Vec<usize> = plan
-                .engines
-                .iter()
-                .map(|e| known.engine(&e.name, e.lanes))
-                .collect();
-            let mut estimates = Vec::with_capacity(ids.len() * keys.len());
-            let mut gains = Vec::with_capacity(ids.len() * keys.len());
-            for &id in &ids {
-                for &(c, d, b) in &keys {
-                    estimates.push(SharedEstimate::new(known.estimate(id, c, d, b)));
-                    gains.push(known.gain(id, c, d, b));
-                }
+        let mut known = lock(&learned);
+        let ids: Vec<usize> = plan
+            .engines
+            .iter()
+            .map(|e| known.engine(&e.name, e.lanes))
+            .collect();
+        let (mut estimates, mut gains, mut remeasure_due) = (Vec::new(), Vec::new(), Vec::new());
+        for &id in &ids {
+            remeasure_due.push(known.engines[id].2 >= model::REMEASURE_EVERY);
+            for &(c, d, b) in &keys {
+                estimates.push(SharedEstimate::new(known.estimate(id, c, d, b)));
+                gains.push(known.gain(id, c, d, b));
             }
-            let due = ids
-                .iter()
-                .map(|&id| known.engines[id].2 >= model::REMEASURE_EVERY)
-                .collect();
-            (ids, estimates, gains, due)
-        };
+        }
+        drop(known);
         AdaptiveSchedule {
             probes: (0..n_engines * classes.len())
                 .map(|_| AtomicUsize::new(0))
@@ -490,12 +424,13 @@ impl AdaptiveSchedule {
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             classes,
             keys,
-            smaller,
             estimates,
             gains,
             ids,
             host_cpu: plan.engines.iter().map(|e| e.uses_host_cpu).collect(),
-            alive: lanes.into_iter().map(AtomicUsize::new).collect(),
+            alive: (0..n_engines)
+                .map(|e| AtomicUsize::new(plan.lanes.iter().filter(|l| l.engine == e).count()))
+                .collect(),
             cores: plan.cores.max(1),
             engine_of: plan.lanes.iter().map(|l| l.engine).collect(),
             lanes: plan.lanes.iter().map(|_| Mutex::default()).collect(),
@@ -623,44 +558,24 @@ impl AdaptiveSchedule {
         loop {
             let epoch = self.epoch.load(Ordering::Acquire);
             let decision = decide(self, engine);
-            match decision {
-                Decision::Take(q) => {
-                    if self.take(q, max, out) {
-                        if self.others_idle(engine) {
-                            state.streak = Some((epoch, q));
-                        }
-                        return Some((q, Some(decision)));
-                    }
-                }
+            let q = match decision {
+                Decision::Take(q) | Decision::Remeasure(q) => q,
                 Decision::Probe(q) => {
                     self.probes[engine * self.classes.len() + q].fetch_add(1, Ordering::Relaxed);
-                    if self.take(q, max, out) {
-                        return Some((q, Some(decision)));
-                    }
-                }
-                Decision::Remeasure(q) => {
-                    // One a batch per engine, whichever lane gets it.
-                    if !self.remeasured[engine].swap(true, Ordering::AcqRel)
-                        && self.take(q, max, out)
-                    {
-                        return Some((q, Some(decision)));
-                    }
+                    q
                 }
                 Decision::Done => {
                     self.idle[engine].fetch_add(1, Ordering::AcqRel);
                     return None;
                 }
                 Decision::Wait => {
-                    let mut guard = lock(&self.wait);
                     if !announced {
                         // A lane starting to wait may change what the others should
                         // do (it no longer counts on them): let them decide again.
                         announced = true;
-                        self.epoch.fetch_add(1, Ordering::AcqRel);
-                        if *guard > 0 {
-                            self.wake.notify_all();
-                        }
+                        self.notify();
                     }
+                    let mut guard = lock(&self.wait);
                     // Decide again under the lock, so a wake-up sent after this check
                     // cannot be missed.
                     if decide(self, engine) != Decision::Wait {
@@ -687,7 +602,18 @@ impl AdaptiveSchedule {
                         .unwrap_or_else(|e| e.into_inner());
                     *guard -= 1;
                     self.idle[engine].fetch_sub(1, Ordering::AcqRel);
+                    continue;
                 }
+            };
+            // A re-measurement: one a batch per engine, whichever lane gets it.
+            let remeasure = decision == Decision::Remeasure(q);
+            if (!remeasure || !self.remeasured[engine].swap(true, Ordering::AcqRel))
+                && self.take(q, max, out)
+            {
+                if decision == Decision::Take(q) && self.others_idle(engine) {
+                    state.streak = Some((epoch, q));
+                }
+                return Some((q, Some(decision)));
             }
         }
     }
@@ -704,8 +630,7 @@ impl AdaptiveSchedule {
         if run.pulls.load(Ordering::Relaxed) >= SOLE_SEGMENT {
             self.close_segment(lane, engine, clock());
         }
-        let mut q = if current == NO_CLASS { 0 } else { current };
-        while let Some(class) = self.classes.get(q) {
+        for (q, class) in self.classes.iter().enumerate().skip(current) {
             let before = out.len();
             if class.engines.contains(engine) && class.jobs.take(max, out) > 0 {
                 let jobs = out.len() - before;
@@ -723,17 +648,16 @@ impl AdaptiveSchedule {
                 run.pulls.store(pulls + 1, Ordering::Relaxed);
                 // A plain load and store: an atomic add is a locked instruction, and
                 // only this lane's thread touches its run.
-                let taken = run.jobs.load(Ordering::Relaxed);
-                run.jobs.store(taken + jobs, Ordering::Relaxed);
+                run.jobs
+                    .store(run.jobs.load(Ordering::Relaxed) + jobs, Ordering::Relaxed);
                 if jobs < max {
                     run.partial.store(true, Ordering::Relaxed);
                 }
                 return true;
             }
-            q += 1;
         }
         self.close_segment(lane, engine, clock());
-        run.class.store(q, Ordering::Relaxed);
+        run.class.store(self.classes.len(), Ordering::Relaxed);
         self.idle[engine].fetch_add(1, Ordering::AcqRel);
         false
     }
@@ -763,11 +687,8 @@ impl AdaptiveSchedule {
             bound: false,
         };
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
-        self.book(
-            engine,
-            pull,
-            self.origin + Duration::from_nanos(now.max(since)),
-        );
+        let end = self.origin + Duration::from_nanos(now.max(since));
+        self.book(engine, pull, end);
     }
 }
 
@@ -781,14 +702,12 @@ impl View for AdaptiveSchedule {
     }
 
     fn steal(&self) -> f64 {
-        let (mut cpu, mut module) = (0, 0);
+        // Working lanes of the modules, and of the engines on the host CPU.
+        let mut lanes = [0, 0];
         for (e, &host) in self.host_cpu.iter().enumerate() {
-            if host {
-                cpu += self.lanes(e);
-            } else {
-                module += self.lanes(e);
-            }
+            lanes[usize::from(host)] += self.lanes(e);
         }
+        let [module, cpu] = lanes;
         if module == 0 {
             return 0.0;
         }
@@ -810,7 +729,7 @@ impl View for AdaptiveSchedule {
     }
 
     fn bucket(&self, q: usize) -> usize {
-        self.classes[q].bucket
+        self.keys[self.classes[q].key].2
     }
 
     fn max_len(&self, q: usize) -> usize {
@@ -818,9 +737,11 @@ impl View for AdaptiveSchedule {
     }
 
     fn smaller_known(&self, e: usize, q: usize) -> Option<(usize, Cost)> {
-        self.smaller[self.classes[q].key]
-            .iter()
-            .find_map(|&k| Some((self.keys[k].2, self.estimates[self.slot(e, k)].cost()?)))
+        let (c, d, b) = self.keys[self.classes[q].key];
+        (0..self.keys.len())
+            .filter(|&k| self.keys[k].0 == c && self.keys[k].1 == d && self.keys[k].2 < b)
+            .filter_map(|k| Some((self.keys[k].2, self.estimates[self.slot(e, k)].cost()?)))
+            .max_by_key(|known| known.0)
     }
 
     fn cost(&self, e: usize, q: usize) -> Option<Cost> {
@@ -888,16 +809,10 @@ impl Schedule for AdaptiveSchedule {
         if let Some(alive) = self.alive.get(engine) {
             alive.store(0, Ordering::Release);
         }
-        let mut working = EngineMask::default();
-        for e in 0..self.alive.len() {
-            if self.lanes(e) > 0 {
-                working.insert(e);
-            }
-        }
         let jobs = self
             .classes
             .iter()
-            .filter(|c| c.engines.intersect(working).is_empty())
+            .filter(|c| (0..self.alive.len()).all(|e| !c.engines.contains(e) || self.lanes(e) == 0))
             .flat_map(|c| c.jobs.drain())
             .collect();
         self.notify();

@@ -44,10 +44,8 @@ pub fn bucket(len: usize) -> usize {
 
 /// The smallest length in bucket `b` (inverse of [`bucket`] at the bucket's floor).
 pub fn bucket_floor(b: usize) -> usize {
-    match b {
-        0 => 0,
-        b => 1usize.checked_shl(b as u32 - 1).unwrap_or(usize::MAX),
-    }
+    b.checked_sub(1)
+        .map_or(0, |s| 1usize.checked_shl(s as u32).unwrap_or(usize::MAX))
 }
 
 /// Estimated cost of one job on one lane.
@@ -372,9 +370,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
         }
         // The fastest other engine that takes the class (for the advantage and the
         // end-game), and whether any other engine can run it or knows its cost.
-        let mut others_exist = false;
-        let mut others_known = false;
-        let mut best_other = f64::INFINITY;
+        let (mut others_exist, mut others_known, mut best_other) = (false, false, f64::INFINITY);
         for e in (0..v.engines()).filter(|&e| e != me && mask.contains(e) && v.lanes(e) > 0) {
             others_exist = true;
             if let Some(c) = v.cost(e, q) {
