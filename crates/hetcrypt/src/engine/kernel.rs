@@ -711,17 +711,23 @@ impl SkInput<'_> {
         self.body.len() + self.tail.map_or(0, |_| BLOCK_LEN)
     }
 
-    /// The bytes `[pos, pos + n)`, as at most two slices.
-    fn slices(&self, pos: usize, n: usize) -> Vec<IoSlice<'_>> {
-        let mut v = Vec::with_capacity(2);
+    /// The bytes `[pos, pos + n)`, as at most two slices (on the stack: this runs per
+    /// request).
+    fn slices(&self, pos: usize, n: usize) -> TwoSlices<'_> {
+        let mut v = TwoSlices {
+            slices: [IoSlice::new(&[]), IoSlice::new(&[])],
+            len: 0,
+        };
         let end = pos + n;
         if pos < self.body.len() {
-            v.push(IoSlice::new(&self.body[pos..end.min(self.body.len())]));
+            v.slices[v.len] = IoSlice::new(&self.body[pos..end.min(self.body.len())]);
+            v.len += 1;
         }
         if let Some(tail) = &self.tail {
             if end > self.body.len() {
                 let from = pos.saturating_sub(self.body.len());
-                v.push(IoSlice::new(&tail[from..end - self.body.len()]));
+                v.slices[v.len] = IoSlice::new(&tail[from..end - self.body.len()]);
+                v.len += 1;
             }
         }
         v
@@ -739,6 +745,20 @@ impl SkInput<'_> {
             };
         }
         b
+    }
+}
+
+/// At most two slices of a request's input ([`SkInput::slices`]), the first `len` used.
+struct TwoSlices<'a> {
+    slices: [IoSlice<'a>; 2],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for TwoSlices<'a> {
+    type Target = [IoSlice<'a>];
+
+    fn deref(&self) -> &Self::Target {
+        &self.slices[..self.len]
     }
 }
 
