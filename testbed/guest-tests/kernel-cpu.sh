@@ -8,7 +8,11 @@
 # and then each `kernel_paths*` binary on the PATH (e.g. one built at the base commit
 # as `kernel_paths_base` and one at the branch as `kernel_paths`), one lane of
 # `kernel:<driver>` for 2 s, whose `cpu` line gives the lane loop's own user and system
-# CPU per request (start-up excluded). Clock ticks are 10 ms: 2 s hold about 200.
+# CPU per request (start-up excluded), stopped by a timer thread as `openssl speed` is
+# by an alarm, and again reading the clock after every request to know when to stop
+# (`HETCRYPT_PATHS_STOP=clock`, the example's loop before the nineteenth session; a
+# binary built before then reads it per request either way). Clock ticks are 10 ms: 2 s
+# hold about 200.
 # Run from the host:
 #   testbed/run --profile soft --with /usr/bin/openssl \
 #     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
@@ -49,6 +53,8 @@ while [ "$r" -le "$rounds" ]; do
 				r, sz, $5, ($3 - $1) * 1e6 / n, ($4 - $2) * 1e6 / n, 2e6 / n }'
 		for b in $bins; do
 			echo "=== round $r size $sz $b: $($b "$driver" 2 $sz kernel | grep "^cpu")"
+			[ "$b" = kernel_paths_base ] && continue
+			echo "=== round $r size $sz $b clock: $(HETCRYPT_PATHS_STOP=clock $b "$driver" 2 $sz kernel | grep "^cpu")"
 		done
 	done
 	r=$((r + 1))
