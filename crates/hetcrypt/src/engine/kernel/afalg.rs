@@ -470,6 +470,43 @@ fn page_size() -> usize {
         .unwrap_or(DEFAULT_PAGE)
 }
 
+/// A datagram socket connected to itself: what is sent to it is read back from it.
+/// (AF_UNIX accepts and drops control messages of other levels than SOL_SOCKET,
+/// once the kernel has checked that each lies within the buffer.)
+#[cfg(test)]
+pub(crate) fn echo_socket() -> OpSocket {
+    use nix::sys::socket::{bind, connect, socket, SockType, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("hetcrypt-afalg-echo-{}-{n}", std::process::id());
+    let addr = UnixAddr::new_abstract(name.as_bytes()).expect("address");
+    bind(fd.as_raw_fd(), &addr).expect("bind");
+    connect(fd.as_raw_fd(), &addr).expect("connect");
+    OpSocket { fd }
+}
+
+/// A transform that is no transform (a plain socket), to stand beside an
+/// [`echo_socket`] in a test's context.
+#[cfg(test)]
+pub(crate) fn no_tfm() -> Tfm {
+    use nix::sys::socket::{socket, SockType};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    Tfm { fd }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,29 +617,6 @@ mod tests {
         assert!(Cmsgs::new(Op::Encrypt, &[0; IV_MAX + 1], None).is_err());
     }
 
-    /// A datagram socket connected to itself: what is sent to it is read back from it.
-    /// (AF_UNIX accepts and drops control messages of other levels than SOL_SOCKET,
-    /// once the kernel has checked that each lies within the buffer.)
-    fn echo_socket() -> OpSocket {
-        use nix::sys::socket::{bind, connect, socket, SockType, UnixAddr};
-        let fd = socket(
-            AddressFamily::Unix,
-            SockType::Datagram,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .expect("socket");
-        let name = format!(
-            "hetcrypt-afalg-echo-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        );
-        let addr = UnixAddr::new_abstract(name.as_bytes()).expect("address");
-        bind(fd.as_raw_fd(), &addr).expect("bind");
-        connect(fd.as_raw_fd(), &addr).expect("connect");
-        OpSocket { fd }
-    }
-
     #[test]
     fn a_request_goes_out_whole_with_its_control_messages() {
         let sock = echo_socket();
@@ -640,9 +654,29 @@ mod tests {
         let input = [3u8; 16];
         let iv = [1u8; 16];
         let mut out = [MaybeUninit::<u8>::uninit(); 16];
+        // HETCRYPT_SEND_WAY=nix: as the lane sent before, for comparison: the slices
+        // and the control messages in vectors, through nix's `sendmsg` (which
+        // allocates the control-message buffer).
+        let nix_way = std::env::var("HETCRYPT_SEND_WAY").is_ok_and(|w| w == "nix");
         for _ in 0..loops {
-            sock.send(Op::Encrypt, &iv, None, &[IoSlice::new(&input)])
+            if nix_way {
+                use nix::sys::socket::{ControlMessage, MsgFlags};
+                let mut slices = Vec::with_capacity(2);
+                slices.push(IoSlice::new(&input));
+                let op = nix::libc::ALG_OP_ENCRYPT;
+                let cmsgs = vec![ControlMessage::AlgSetOp(&op), ControlMessage::AlgSetIv(&iv)];
+                socket::sendmsg::<AlgAddr>(
+                    sock.fd.as_raw_fd(),
+                    &slices,
+                    &cmsgs,
+                    MsgFlags::empty(),
+                    None,
+                )
                 .expect("send");
+            } else {
+                sock.send(Op::Encrypt, &iv, None, &[IoSlice::new(&input)])
+                    .expect("send");
+            }
             sock.recv_into(&mut out).expect("read");
         }
     }
