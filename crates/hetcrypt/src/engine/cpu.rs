@@ -1087,13 +1087,14 @@ impl Lane for CpuLane {
     }
 
     /// Drops the keyed contexts and expanded keys of removed keys (the `aes` crate's
-    /// keys are zeroized on drop, EVP frees its own key schedule).
+    /// keys and the VAES-512 schedules are zeroized on drop, EVP frees its own key
+    /// schedule).
     fn forget_keys(&mut self, ids: &[KeyId]) -> bool {
         self.contexts.retain(|((id, _, _), _)| !ids.contains(id));
         self.cbc_chains.retain(|((id, _), _)| !ids.contains(id));
         self.aes_keys.retain(|((id, _), _)| !ids.contains(id));
-        self.gcm_keys.retain(|((id, _), _)| !ids.contains(id));
         self.vaes_keys.retain(|((id, _), _)| !ids.contains(id));
+        self.gcm_keys.retain(|((id, _), _)| !ids.contains(id));
         true
     }
 
@@ -1450,7 +1451,12 @@ mod tests {
         let keys = KeyStore::new();
         let a = keys.add(Key::new(vec![1; 16])).unwrap();
         let b = keys.add(Key::new(vec![2; 16])).unwrap();
-        let engine = CpuEngine::with_lanes(1).block_parallel(BlockParallel::On);
+        // Lockstep through VAES-512 where the CPU has it, so that the lane holds
+        // those schedules too.
+        let engine = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::On)
+            .multibuffer(8)
+            .lockstep_vaes(true);
         let mut lane = engine.lane(0);
         let jobs: Vec<Job> = [a, b, a, b]
             .iter()
@@ -1469,19 +1475,14 @@ mod tests {
             lane.contexts.iter().any(|((k, _, _), _)| *k == id)
                 || lane.cbc_chains.iter().any(|((k, _), _)| *k == id)
                 || lane.aes_keys.iter().any(|((k, _), _)| *k == id)
-                || lane.gcm_keys.iter().any(|((k, _), _)| *k == id)
                 || lane.vaes_keys.iter().any(|((k, _), _)| *k == id)
+                || lane.gcm_keys.iter().any(|((k, _), _)| *k == id)
         };
         assert!(holds(&lane, a) && holds(&lane, b));
-        // Where the CPU has VAES-512, lockstep CBC kept a schedule of each key too.
-        let vaes_held =
-            |lane: &CpuLane, id: KeyId| lane.vaes_keys.iter().any(|((k, _), _)| *k == id);
-        if vaes::available() {
-            assert!(vaes_held(&lane, a) && vaes_held(&lane, b));
-        }
+        assert_eq!(lane.vaes_keys.len(), if vaes::available() { 2 } else { 0 });
         assert!(lane.forget_keys(&[a]));
         assert!(!holds(&lane, a) && holds(&lane, b));
-        assert!(!vaes_held(&lane, a));
+        assert_eq!(lane.vaes_keys.len(), if vaes::available() { 1 } else { 0 });
         let job = Job::new(
             Cipher::AES_128_CBC,
             Direction::Encrypt,
@@ -2835,5 +2836,66 @@ mod tests {
         lane.run(&job, &keys, &mut out).unwrap();
         assert_eq!(out.data.len(), 64);
         assert_eq!(PINNED_TO.get(), core_for_lane(2));
+    }
+
+    /// An engine left to size itself has one lane per core this process may use, and
+    /// a pinned engine asks the dispatcher for threads of its own (a pinned lane run
+    /// on the caller's thread would pin that thread too); an unpinned one may run on
+    /// any thread.
+    #[test]
+    fn lanes_follow_the_cores_and_pinning_keeps_lanes_on_their_threads() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(available_cores(), cores);
+        assert_eq!(CpuEngine::new().lanes(), cores);
+        assert_eq!(CpuEngine::with_lanes(3).lanes(), 3);
+        assert_eq!(CpuEngine::with_lanes(0).lanes(), 1);
+        assert!(CpuEngine::with_lanes(1).runs_on_any_thread());
+        assert!(!CpuEngine::with_lanes(1).pinned(true).runs_on_any_thread());
+    }
+
+    /// Pinned lanes take the cores this process may run on in turn: the first `n`
+    /// lanes get `n` different allowed cores, and lane `i + n` shares lane `i`'s.
+    #[test]
+    fn pinned_lanes_take_the_allowed_cores_in_turn() {
+        use nix::sched::{sched_getaffinity, CpuSet};
+        let allowed = sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let n = (0..CpuSet::count())
+            .filter(|&c| allowed.is_set(c).unwrap())
+            .count();
+        let first: Vec<usize> = (0..n).map(|i| core_for_lane(i).unwrap()).collect();
+        for (i, &core) in first.iter().enumerate() {
+            assert!(allowed.is_set(core).unwrap(), "lane {i}: core {core}");
+            assert!(
+                !first[..i].contains(&core),
+                "lanes share core {core}: {first:?}"
+            );
+            assert_eq!(core_for_lane(i + n), Some(core), "lane {}", i + n);
+        }
+    }
+
+    /// `hetcrypt engines` names the `aes` crate's backend as the crate picks it at run
+    /// time: VAES-512 with AVX-512F, VAES-256 with VAES alone, else AES-NI or its
+    /// software AES; the engine's report carries that name.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_reported_aes_backend_follows_the_cpu() {
+        let vaes = std::arch::is_x86_feature_detected!("vaes");
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let expected = match (vaes, avx512) {
+            (true, true) => "VAES-512",
+            (true, false) => "VAES-256",
+            _ if aes::hardware_accelerated() => "AES-NI",
+            _ => "software",
+        };
+        assert_eq!(aes_backend(), expected);
+        let info = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::On)
+            .info();
+        let named = format!("aes crate ({expected}) block-parallel");
+        assert!(
+            info.ciphers.iter().any(|d| d.driver.contains(&named)),
+            "{:?}",
+            info.ciphers
+        );
     }
 }

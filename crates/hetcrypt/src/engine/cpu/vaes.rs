@@ -231,4 +231,22 @@ mod tests {
             assert_eq!(rk.keys[0].to_vec(), hex(key)[..16].to_vec());
         }
     }
+
+    /// The path is offered exactly where the CPU has AVX-512F, VAES and AES-NI (as the
+    /// standard library reports them): there a key of the right length gets a schedule,
+    /// elsewhere every key is refused and lockstep CBC runs through the `aes` crate.
+    /// On a CPU with all three (the hosts so far) a `false` here would silently route
+    /// every lockstep group to the slower path, with the same bytes.
+    #[test]
+    fn the_path_is_offered_exactly_where_the_cpu_has_vaes_512() {
+        let has = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("vaes")
+            && std::arch::is_x86_feature_detected!("aes");
+        assert_eq!(available(), has);
+        for size in [KeySize::Aes128, KeySize::Aes192, KeySize::Aes256] {
+            let key = vec![7u8; size.key_len()];
+            assert_eq!(RoundKeys::new(size, &key).is_some(), has, "{size:?}");
+            assert!(RoundKeys::new(size, &key[1..]).is_none(), "{size:?}");
+        }
+    }
 }
