@@ -145,7 +145,7 @@ impl OpSocket {
 
     /// Sends one whole request (never `MSG_MORE`): operation, IV, AAD length (AEAD),
     /// and the input, gathered from `input`. The caller keeps the request within
-    /// [`OpSocket::send_limit`], so this never waits for buffer space that only a
+    /// what [`OpSocket::limits`] allows in, so this never waits for buffer space that only a
     /// `read` could free.
     pub fn send(
         &self,
