@@ -989,19 +989,24 @@ fn run_aead(
 mod tests {
     use super::*;
 
-    #[test]
-    fn einval_at_set_key_is_a_full_device_and_other_errors_fail_the_engine() {
-        let served = Served {
+    /// AES-128-CBC served by driver `bind_name`, with no device to watch.
+    fn cbc_served(bind_name: &str) -> Served {
+        Served {
             algorithm: "cbc(aes)",
             ty: AlgType::Skcipher,
-            bind_name: "virtio_crypto_aes_cbc".to_string(),
+            bind_name: bind_name.to_string(),
             modes: &[Mode::Cbc],
             key_sizes: vec![KeySize::Aes128],
             request_limits: None,
             entry: None,
             offload: true,
             watch: DeviceWatch::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn einval_at_set_key_is_a_full_device_and_other_errors_fail_the_engine() {
+        let served = cbc_served("virtio_crypto_aes_cbc");
         let err = |errno| SysError {
             call: "setsockopt(ALG_SET_KEY)",
             errno,
@@ -1048,17 +1053,7 @@ mod tests {
     /// request's output is its input. No device is watched (no `fstatat`).
     fn echo_lane(keys: &KeyStore) -> (KernelLane, KeyId) {
         let key = keys.add(crate::Key::new(vec![7; 16])).expect("key");
-        let served = Served {
-            algorithm: "cbc(aes)",
-            ty: AlgType::Skcipher,
-            bind_name: "echo".to_string(),
-            modes: &[Mode::Cbc],
-            key_sizes: vec![KeySize::Aes128],
-            request_limits: None,
-            entry: None,
-            offload: true,
-            watch: DeviceWatch::default(),
-        };
+        let served = cbc_served("echo");
         let state = Arc::new(State::new(
             "kernel:echo".into(),
             vec![served],

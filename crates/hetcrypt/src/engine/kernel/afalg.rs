@@ -475,14 +475,8 @@ fn page_size() -> usize {
 /// once the kernel has checked that each lies within the buffer.)
 #[cfg(test)]
 pub(crate) fn echo_socket() -> OpSocket {
-    use nix::sys::socket::{bind, connect, socket, SockType, UnixAddr};
-    let fd = socket(
-        AddressFamily::Unix,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .expect("socket");
+    use nix::sys::socket::{bind, connect, UnixAddr};
+    let fd = unix_datagram();
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = format!("hetcrypt-afalg-echo-{}-{n}", std::process::id());
@@ -496,15 +490,22 @@ pub(crate) fn echo_socket() -> OpSocket {
 /// [`echo_socket`] in a test's context.
 #[cfg(test)]
 pub(crate) fn no_tfm() -> Tfm {
+    Tfm {
+        fd: unix_datagram(),
+    }
+}
+
+/// An unbound AF_UNIX datagram socket, for the test sockets above.
+#[cfg(test)]
+fn unix_datagram() -> OwnedFd {
     use nix::sys::socket::{socket, SockType};
-    let fd = socket(
+    socket(
         AddressFamily::Unix,
         SockType::Datagram,
         SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .expect("socket");
-    Tfm { fd }
+    .expect("socket")
 }
 
 #[cfg(test)]
