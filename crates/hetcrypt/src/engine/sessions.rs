@@ -13,66 +13,15 @@
 //! apart from a device that went away by the device's sysfs link, as before).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hash;
 
 /// The cache's hasher. A lane looks its session up on every request, twice (is it
 /// there, then take it), and the standard SipHash of a kernel lane's key (a key id, an
 /// algorithm name, a key size) was about a third of a 16-byte request's user-space
 /// instructions (~570 of ~1,660, callgrind; docs/performance.md, "Nineteenth
 /// session"). The keys come from the lane itself, never from outside, so SipHash's
-/// reason (inputs chosen to flood one bucket) does not apply: a multiply-fold does.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FoldHasher(u64);
-
-/// The fold's odd multiplier (rustc's `FxHasher`'s: 2^64 / the golden ratio, made
-/// odd), which spreads each word's bits over the high half that the table reads.
-const FOLD_MUL: u64 = 0x517c_c1b7_2722_0a95;
-
-/// Bits the running hash is rotated by before each word is folded in (`FxHasher`'s).
-const FOLD_ROTATE: u32 = 5;
-
-impl FoldHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(FOLD_ROTATE) ^ word).wrapping_mul(FOLD_MUL);
-    }
-}
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            self.add(u64::from_le_bytes(b));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b) ^ ((rest.len() as u64) << 56));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-}
+/// reason (inputs chosen to flood one bucket) does not apply: `rustc-hash`'s FxHash does.
+type CacheHasher = rustc_hash::FxBuildHasher;
 
 /// How opening a session failed, as the cache needs to know it.
 #[derive(Debug)]
@@ -90,7 +39,7 @@ pub(crate) struct SessionCache<K, S> {
     capacity: usize,
     /// Counts uses, for least-recently-used eviction.
     clock: u64,
-    entries: HashMap<K, (S, u64), BuildHasherDefault<FoldHasher>>,
+    entries: HashMap<K, (S, u64), CacheHasher>,
 }
 
 impl<K: Copy + Eq + Hash, S> SessionCache<K, S> {
@@ -334,9 +283,9 @@ mod tests {
     }
 
     #[test]
-    fn the_fold_tells_lane_keys_apart() {
+    fn the_hasher_tells_lane_keys_apart() {
         use std::hash::BuildHasher;
-        let h = |k: &(u32, &str, u8)| BuildHasherDefault::<FoldHasher>::default().hash_one(k);
+        let h = |k: &(u32, &str, u8)| CacheHasher::default().hash_one(k);
         let keys = [
             (1, "cbc(aes)", 16),
             (2, "cbc(aes)", 16),
