@@ -7,9 +7,10 @@
 # then cryptodev's tests/speed. Run from the host:
 #   testbed/run --profile soft --with /usr/bin/openssl \
 #     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
-#     --with target/release/examples/kernel_paths --with CRYPTODEV_SPEED [--with /usr/bin/strace] \
+#     --with target/release/examples/kernel_paths [--with /usr/bin/strace] \
 #     --with testbed/guest-tests/kernel-afalg-sizes.sh -- sh /opt/hetcrypt/bin/kernel-afalg-sizes.sh 8
-# CRYPTODEV_SPEED: as in kernel-paths.sh, installed under the name cryptodev-speed.
+# cryptodev-speed: cryptodev's tests/speed, which testbed/run builds and brings (see
+# testbed/lib/cryptodev.sh).
 rounds=${1:-5}
 driver=${DRIVER:-virtio_crypto_aes_cbc}
 echo "=== $(uname -r), profile ${HETCRYPT_TESTBED_PROFILE:-?}, driver $driver, $(grep -m1 'model name' /proc/cpuinfo)"

@@ -5,11 +5,11 @@
 # 16 B..16 KiB, 1 s per size. For docs/performance.md (issue 20). Run from the host:
 #   testbed/run --profile soft --with /usr/bin/openssl \
 #     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
-#     --with CRYPTODEV_SPEED --with testbed/guest-tests/kernel-lanes.sh \
+#     --with testbed/guest-tests/kernel-lanes.sh \
 #     -- sh /opt/hetcrypt/bin/kernel-lanes.sh 3 >LOG
 #   python3 testbed/guest-tests/kernel-lanes-table.py LOG...
-# CRYPTODEV_SPEED: cryptodev's tests/speed built as kernel-paths.sh describes (its 5 s
-# per size cut to SPEED_SECONDS), installed under the name cryptodev-speed.
+# cryptodev-speed: cryptodev's tests/speed (its 5 s per size cut to SPEED_SECONDS), which
+# testbed/run builds and brings (see testbed/lib/cryptodev.sh).
 # The engines run with one lane, two, and ("lanes default") their own count: with
 # CALIBRATE=1 the store's choice (`hetcrypt calibrate` runs first), else the default;
 # LANES="default" runs only those (LANES lists the counts, default "1 2 default").

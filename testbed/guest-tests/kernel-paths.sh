@@ -8,7 +8,7 @@
 # 5 s per size cut to SPEED_SECONDS and its NULL-cipher pass skipped). Run from the host:
 #   testbed/run --profile soft --with /usr/bin/openssl \
 #     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
-#     --with target/release/examples/kernel_paths --with CRYPTODEV_SPEED \
+#     --with target/release/examples/kernel_paths \
 #     --with testbed/guest-tests/kernel-paths.sh -- sh /opt/hetcrypt/bin/kernel-paths.sh 3
 rounds=${1:-3}
 driver=${DRIVER:-virtio_crypto_aes_cbc}

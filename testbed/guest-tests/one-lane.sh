@@ -8,9 +8,10 @@
 # it also times one sysfs look, the engines' unplug check per request) and
 # `hetcrypt speed --lanes 1` of both engines. Run from the host:
 #   testbed/run --profile soft --with /usr/bin/strace \
-#     --with target/release/examples/kernel_paths --with CRYPTODEV_SPEED \
+#     --with target/release/examples/kernel_paths \
 #     --with testbed/guest-tests/one-lane.sh -- sh /opt/hetcrypt/bin/one-lane.sh 5 >LOG
-# CRYPTODEV_SPEED: as in kernel-paths.sh, installed under the name cryptodev-speed.
+# cryptodev-speed: cryptodev's tests/speed, which testbed/run builds and brings (see
+# testbed/lib/cryptodev.sh).
 rounds=${1:-3}
 driver=${DRIVER:-virtio_crypto_aes_cbc}
 sizes=1024,2048,4096,8192,16384
