@@ -329,6 +329,22 @@ const COMMIT_BATCH: usize = 16;
 /// [`WINDOW_CHUNKS`]: hetcrypt_format::pipeline::WINDOW_CHUNKS
 const WINDOW: usize = hetcrypt_format::pipeline::WINDOW_CHUNKS / 2;
 
+/// Threads a large file's run keeps busy besides the engines' lanes: the one that
+/// reads and fills the batches, and the writer behind it (each about a core on 1 GiB
+/// on tmpfs: docs/performance.md, "Twentieth session").
+const IO_THREADS: usize = 2;
+
+/// Whether a large file's batches are spread over the engines' lane threads (see
+/// `Pipeline::spread`) on a host with `cores` cores: only where at least two cores are
+/// left beside [`IO_THREADS`]. With fewer, more lanes than one only compete with the
+/// reading and writing for the same cores, and starting and joining them per batch
+/// cost about 15% of the CPU time of 1 GiB on 2 cores (the batch then runs on one
+/// lane on the engines' thread instead). The same on any CPU: it counts threads and
+/// cores, not speeds.
+fn spreads_batches(cores: usize) -> bool {
+    cores >= IO_THREADS + 2
+}
+
 /// Descriptors an output may hold until it is committed: its temporary and its
 /// directory (shared by consecutive outputs of one directory, but not always).
 const FDS_PER_OUTPUT: u64 = 2;
@@ -720,7 +736,10 @@ fn run<S: FileStream>(
     // batches lets each batch's output out before more is read.
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?
         .window(sizes.window)
-        .overlap(!plan.reads_stdin());
+        .overlap(!plan.reads_stdin())
+        .spread(spreads_batches(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ));
     // Decrypting, each tree's manifest is read and authenticated before its files: the
     // inputs' trees now, those met inside a walk (a folder with its own manifest) as
     // the walk enters them. Manifests are small: one CPU lane reads them, beside the
@@ -1034,5 +1053,14 @@ mod tests {
         // open theirs at the bottom of the table, far below it).
         let top = format!("/proc/self/fd/{}", wanted - 1);
         assert!(std::fs::symlink_metadata(&top).is_err(), "{top} is open");
+    }
+
+    #[test]
+    fn batches_spread_over_lanes_only_with_two_cores_beside_reading_and_writing() {
+        assert!(!spreads_batches(1));
+        assert!(!spreads_batches(2));
+        assert!(!spreads_batches(3));
+        assert!(spreads_batches(4));
+        assert!(spreads_batches(64));
     }
 }

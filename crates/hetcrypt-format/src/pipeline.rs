@@ -197,6 +197,7 @@ pub struct Pipeline<'p> {
     policy: &'p dyn Policy,
     window: usize,
     overlap: bool,
+    spread: bool,
     stats: Stats,
 }
 
@@ -389,6 +390,7 @@ impl<'p> Pipeline<'p> {
             policy,
             window: WINDOW_CHUNKS,
             overlap: true,
+            spread: true,
             stats: Stats::default(),
         })
     }
@@ -405,6 +407,19 @@ impl<'p> Pipeline<'p> {
     /// a consumer downstream would wait for input that may never come.
     pub fn overlap(mut self, overlap: bool) -> Self {
         self.overlap = overlap;
+        self
+    }
+
+    /// Whether a batch of large messages runs on every lane (the default), or, where
+    /// the dispatcher can run batches in-line (see [`Dispatcher::runs_in_line`]), on
+    /// one lane on the engines' thread, beside this thread's reading and writing. For
+    /// hosts with no core to spare for more lanes: on a large file the reading thread
+    /// and a writer behind it keep two cores busy, and two lane threads started and
+    /// joined per batch then only compete with them for the same cores (on 2 cores,
+    /// 1 GiB on tmpfs: 1,026 thread starts, about 15% of the run's CPU time; see
+    /// docs/performance.md, "Twentieth session").
+    pub fn spread(mut self, spread: bool) -> Self {
+        self.spread = spread;
         self
     }
 
@@ -445,6 +460,9 @@ impl<'p> Pipeline<'p> {
         };
         let (dispatcher, policy, window, overlap) =
             (&self.dispatcher, self.policy, self.window, self.overlap);
+        let in_line = dispatcher.runs_in_line();
+        // Large batches on one lane, in-line on the engines' thread: no lane threads.
+        let one_lane = in_line && !self.spread;
         let stats = &mut self.stats;
         // Output buffers the streams are done with, for the next batch to write into.
         let mut spare: Vec<JobOutput> = Vec::with_capacity(window);
@@ -456,14 +474,17 @@ impl<'p> Pipeline<'p> {
             let (ran_tx, ran) = mpsc::sync_channel::<RanBatch>(1);
             let mut engines = Some(scope.spawn(move || {
                 for (batch, reuse) in batches {
-                    let result = dispatcher.run_reusing(&batch.jobs, policy, reuse);
+                    let result = if one_lane {
+                        dispatcher.run_reusing_in_line(&batch.jobs, policy, reuse)
+                    } else {
+                        dispatcher.run_reusing(&batch.jobs, policy, reuse)
+                    };
                     if ran_tx.send((batch, result)).is_err() {
                         return;
                     }
                 }
             }));
             let mut running = false;
-            let in_line = dispatcher.runs_in_line();
             loop {
                 // Read the next batch while the engines run the current one.
                 let next = flight.fill(dispatcher, window);
@@ -553,6 +574,11 @@ mod tests {
     /// Lanes per batch of a run of `messages` messages of `len` bytes each, on a
     /// two-lane `cpu` engine.
     fn lanes_per_batch(messages: usize, len: usize) -> Vec<usize> {
+        lanes_per_batch_spread(messages, len, true)
+    }
+
+    /// The same, large batches spread over every lane or not (see [`Pipeline::spread`]).
+    fn lanes_per_batch_spread(messages: usize, len: usize, spread: bool) -> Vec<usize> {
         let pts: Vec<Vec<u8>> = (0..messages).map(|i| vec![i as u8; len]).collect();
         let key = [7u8; 16];
         let streams = pts.iter().map(|pt| {
@@ -564,6 +590,7 @@ mod tests {
         Pipeline::new(engines, &policy)
             .unwrap()
             .window(16)
+            .spread(spread)
             .run(streams, &mut lanes)
             .unwrap();
         assert_eq!(lanes.ok, messages);
@@ -582,5 +609,44 @@ mod tests {
             large.len() >= 2 && large.iter().all(|&l| l == 2),
             "{large:?}"
         );
+    }
+
+    #[test]
+    fn unspread_a_large_message_runs_on_one_lane_and_comes_out_the_same() {
+        let large = lanes_per_batch_spread(1, 40 * CHUNK_SIZE, false);
+        assert!(
+            large.len() >= 2 && large.iter().all(|&l| l == 1),
+            "{large:?}"
+        );
+        // Encrypted one way, decrypted the other: the same plaintext comes back.
+        let pt: Vec<u8> = (0..40 * CHUNK_SIZE + 123).map(|i| (i * 7) as u8).collect();
+        let key = [9u8; 16];
+        let run =
+            |spread: bool, stream: &mut dyn FnMut(&mut Vec<u8>, &mut Lanes, &mut Pipeline<'_>)| {
+                let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+                let policy = hetcrypt::policy::Pull;
+                let mut pipeline = Pipeline::new(engines, &policy)
+                    .unwrap()
+                    .window(16)
+                    .spread(spread);
+                let (mut out, mut lanes) = (Vec::new(), Lanes::default());
+                stream(&mut out, &mut lanes, &mut pipeline);
+                assert_eq!(lanes.ok, 1);
+                out
+            };
+        for spread in [true, false] {
+            let ct = run(spread, &mut |out, lanes, pipeline| {
+                let s = EncryptStream::new(&pt[..], out, &key, SealParams::new(Aead::Aes128Gcm));
+                pipeline.run([s], lanes).unwrap();
+            });
+            let back = run(!spread, &mut |out, lanes, pipeline| {
+                let s = crate::DecryptStream::new(&ct[..], out, &key, crate::OpenParams::Hetcrypt);
+                pipeline.run([s], lanes).unwrap();
+            });
+            assert!(
+                back == pt,
+                "encrypted spread {spread}, decrypted not: not the plaintext"
+            );
+        }
     }
 }
