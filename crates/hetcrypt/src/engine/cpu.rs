@@ -243,7 +243,7 @@ impl CpuEngine {
     /// Which implementation runs `cipher` in `direction` on this engine's lanes and
     /// why, for the block-parallel ones (CTR, CBC decryption); `None` for the others,
     /// which have one implementation. The first call for a (mode, key size) measures
-    /// both implementations (about a millisecond) unless configuration forced one.
+    /// both implementations (well under a millisecond) unless configuration forced one.
     pub fn choice(&self, cipher: Cipher, direction: Direction) -> Option<Choice> {
         self.select.choice(cipher, direction).cloned()
     }

@@ -8,7 +8,7 @@
 //! some runs. GCM likewise has two: EVP and `ring`'s (`gcm.rs`), for AES-128 and
 //! AES-256 with 96-bit IVs. So the first job of each (mode, key size) on an engine times both on
 //! jobs of a few sizes, in alternating rounds, and keeps the faster one per size band;
-//! `hetcrypt engines` prints the figures. The probe costs about a millisecond per
+//! `hetcrypt engines` prints the figures. The probe costs well under a millisecond per
 //! (mode, key size), once per process: it measures the CPU, which every engine shares.
 //!
 //! The multi-buffer width of CBC encryption is chosen the same way: the first lane
@@ -29,15 +29,22 @@ use crate::key::{Key, KeyStore};
 
 /// Job sizes the probe times both implementations at: a small job (where the fixed
 /// cost per job decides), 1 KiB (`openssl speed`'s middle), and 16 KiB (its largest
-/// block, and the C2SP chunk). Three sizes keep the probe near a millisecond.
+/// block, and the C2SP chunk). Three sizes keep the probe short.
 const PROBE_SIZES: [usize; 3] = [64, 1024, 16 * 1024];
 
 /// Input bytes each timed round processes per implementation and size: enough that a
-/// round outlasts the clock's resolution many times over (tens of microseconds),
-/// little enough that the whole probe stays near a millisecond.
-const ROUND_BYTES: usize = 64 * 1024;
+/// round outlasts the clock's resolution many times over (tens of microseconds: 256
+/// jobs at 64 B, where the fixed cost per job is what is timed), little enough that a
+/// short run does not pay much for it. Every `hetcrypt encrypt` of a small file
+/// probes GCM once; with 64 KiB rounds that probe was 55% of the user-space
+/// instructions of encrypting a 1 KB file (callgrind), 31% with 16 KiB, and the whole
+/// run's CPU time fell from 6.0 to 4.7 ms (medians of 6 alternating `perf stat -r 50`,
+/// "Intel(R) Xeon(R) Processor", load 7; the same implementations chosen in 5 of 5
+/// `hetcrypt engines`). EVP's per-call cost at 64 B was most of it.
+const ROUND_BYTES: usize = 16 * 1024;
 
-/// Fewest jobs per timed round (at 16 KiB, [`ROUND_BYTES`] alone would give 4).
+/// Fewest jobs per timed round (at 1 KiB and 16 KiB, [`ROUND_BYTES`] alone would
+/// give 16 and 1).
 const MIN_ROUND_JOBS: usize = 8;
 
 /// Timed rounds per implementation and size, alternating which goes first; the best
@@ -797,10 +804,10 @@ mod tests {
     /// The probes' arithmetic on fabricated times (the probe itself times the CPU).
     #[test]
     fn rounds_and_rates_from_fabricated_times() {
-        // 64 KiB per round, at least 8 jobs.
+        // 16 KiB per round, at least 8 jobs.
         assert_eq!(
             PROBE_SIZES.map(round_jobs),
-            [64 * 1024 / 64, 64 * 1024 / 1024, MIN_ROUND_JOBS]
+            [16 * 1024 / 64, 16 * 1024 / 1024, MIN_ROUND_JOBS]
         );
         assert_eq!(
             (0..3).map(round_order).collect::<Vec<_>>(),
