@@ -1495,6 +1495,59 @@ mod tests {
         assert_eq!(out.data, reference(&job, &[2; 16]));
     }
 
+    /// The same on a lane that holds EVP contexts and chained CBC contexts, which
+    /// the lockstep lane above never makes: each cache drops the removed key's
+    /// entries and keeps the other key's.
+    #[test]
+    fn forgotten_keys_leave_the_evp_contexts_and_cbc_chains() {
+        let keys = KeyStore::new();
+        let a = keys.add(Key::new(vec![1; 16])).unwrap();
+        let b = keys.add(Key::new(vec![2; 16])).unwrap();
+        // EVP for everything: CTR and GCM on keyed contexts, a lone CBC encryption
+        // on a chain.
+        let engine = CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off);
+        let mut lane = engine.lane(0);
+        for (i, id) in [a, b].into_iter().enumerate() {
+            for c in [
+                Cipher::AES_128_CBC,
+                Cipher::AES_128_CTR,
+                Cipher::AES_128_GCM,
+            ] {
+                let iv = vec![i as u8; c.iv_len()];
+                let job = Job::with_iv(c, Direction::Encrypt, id, &iv, bytes(i, 64)).unwrap();
+                lane.run(&job, &keys, &mut JobOutput::default()).unwrap();
+            }
+        }
+        let in_contexts = |lane: &CpuLane, id: KeyId| {
+            lane.contexts
+                .iter()
+                .filter(|((k, _, _), _)| *k == id)
+                .count()
+        };
+        let in_chains = |lane: &CpuLane, id: KeyId| {
+            lane.cbc_chains
+                .iter()
+                .filter(|((k, _), _)| *k == id)
+                .count()
+        };
+        assert_eq!((in_contexts(&lane, a), in_contexts(&lane, b)), (2, 2));
+        assert_eq!((in_chains(&lane, a), in_chains(&lane, b)), (1, 1));
+        assert!(lane.forget_keys(&[a]));
+        assert_eq!((in_contexts(&lane, a), in_contexts(&lane, b)), (0, 2));
+        assert_eq!((in_chains(&lane, a), in_chains(&lane, b)), (0, 1));
+        let job = Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            b,
+            [9; 16],
+            bytes(9, 96),
+        );
+        let mut out = JobOutput::default();
+        lane.run(&job, &keys, &mut out).unwrap();
+        assert_eq!(out.data, reference(&job, &[2; 16]));
+        assert_eq!(in_chains(&lane, b), 1, "the kept chain ran the job");
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
