@@ -1548,6 +1548,33 @@ mod tests {
         assert_eq!(in_chains(&lane, b), 1, "the kept chain ran the job");
     }
 
+    /// The lane's copy of a choice (`SizeRule`, looked up once per run of a batch's
+    /// jobs of one kind) sends each size where the choice does, on both sides of a
+    /// crossover (forced choices, which every other test here uses, have none).
+    #[test]
+    fn a_size_rule_sends_each_size_where_its_choice_does() {
+        use Implementation::{AesCrate, Evp};
+        for (small, large) in [(Evp, AesCrate), (AesCrate, Evp)] {
+            let choice = Choice {
+                small,
+                large,
+                crossover: 256,
+                probes: Vec::new(),
+                native: AesCrate,
+            };
+            let rule = SizeRule::of(&choice);
+            for len in [0, 16, 255, 256, 257, 4096] {
+                assert_eq!(
+                    rule.uses_crate(len),
+                    choice.uses_crate(len),
+                    "{small} below 256 B, {large} from there: {len} B"
+                );
+            }
+            assert_eq!(rule.uses_crate(255), small == AesCrate);
+            assert_eq!(rule.uses_crate(256), large == AesCrate);
+        }
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
