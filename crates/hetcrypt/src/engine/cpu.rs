@@ -2199,6 +2199,37 @@ mod tests {
         }
     }
 
+    /// The engine's info names the multi-buffer width of CBC batches where lanes run
+    /// them in lockstep, and no width where they run one job at a time.
+    #[test]
+    fn info_names_the_lockstep_width_where_there_is_one() {
+        let on = || CpuEngine::with_lanes(1).block_parallel(BlockParallel::On);
+        for (engine, width) in [
+            (on().multibuffer(4), Some(4)),
+            (on().multibuffer(1), None),
+            (
+                CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off),
+                None,
+            ),
+        ] {
+            let info = engine.info();
+            let cbc = info
+                .ciphers
+                .iter()
+                .filter(|d| matches!(d.cipher.mode, Mode::Cbc | Mode::CbcPkcs7));
+            for driver in cbc {
+                let text = &driver.driver;
+                match width {
+                    Some(w) => assert!(
+                        text.contains(&format!("; batches: {w}-way multi-buffer")),
+                        "{text}"
+                    ),
+                    None => assert!(!text.contains("multi-buffer"), "{text}"),
+                }
+            }
+        }
+    }
+
     /// Raw CTR and CBC jobs (the provider's path) at every input and output alignment
     /// within a block, lengths from empty to past a 64-block group, every key size and
     /// both directions, give OpenSSL's one-shot output on every implementation (the
