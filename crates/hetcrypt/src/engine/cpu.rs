@@ -1575,6 +1575,40 @@ mod tests {
         }
     }
 
+    /// A lane whose lockstep width is 1 (EVP forced, or multi-buffer set to 1)
+    /// encrypts a batch's CBC jobs one by one on EVP's chained context, never through
+    /// the `aes` crate (the same bytes either way: only the caches tell).
+    #[test]
+    fn a_width_of_one_encrypts_cbc_batches_on_evp() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![3; 16])).unwrap();
+        for engine in [
+            CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off),
+            CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::On)
+                .multibuffer(1),
+        ] {
+            let mut lane = engine.lane(0);
+            let jobs: Vec<Job> = (0..4)
+                .map(|i| {
+                    let iv = [i as u8; 16];
+                    Job::new(
+                        Cipher::AES_128_CBC,
+                        Direction::Encrypt,
+                        id,
+                        iv,
+                        bytes(i, 64),
+                    )
+                })
+                .collect();
+            for (job, out) in jobs.iter().zip(run_batch_of(&mut lane, &keys, &jobs)) {
+                assert_eq!(out.unwrap().data, reference(job, &[3; 16]));
+            }
+            assert!(lane.aes_keys.is_empty() && lane.vaes_keys.is_empty());
+            assert_eq!(lane.cbc_chains.len(), 1);
+        }
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
