@@ -1609,6 +1609,36 @@ mod tests {
         }
     }
 
+    /// Jobs run one at a time (`Lane::run`) go to the implementation the lane's
+    /// choice names: with the `aes` crate and `ring` forced, CTR and CBC decryption
+    /// to the crate's expanded key and GCM to a `ring` key, with EVP forced all three
+    /// to keyed EVP contexts (the same bytes either way: only the caches tell).
+    #[test]
+    fn single_jobs_run_where_the_choice_says() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![4; 16])).unwrap();
+        for parallel in [BlockParallel::On, BlockParallel::Off] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for (cipher, direction) in [
+                (Cipher::AES_128_CTR, Direction::Encrypt),
+                (Cipher::AES_128_CBC, Direction::Decrypt),
+                (Cipher::AES_128_GCM, Direction::Encrypt),
+            ] {
+                let iv = vec![5; cipher.iv_len()];
+                let job = Job::with_iv(cipher, direction, id, &iv, bytes(1, 64)).unwrap();
+                lane.run(&job, &keys, &mut JobOutput::default()).unwrap();
+            }
+            let native = parallel == BlockParallel::On;
+            assert_eq!(lane.aes_keys.len(), usize::from(native), "{parallel:?}");
+            assert_eq!(lane.gcm_keys.len(), usize::from(native), "{parallel:?}");
+            assert_eq!(
+                lane.contexts.len(),
+                if native { 0 } else { 3 },
+                "{parallel:?}"
+            );
+        }
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
