@@ -1639,6 +1639,34 @@ mod tests {
         }
     }
 
+    /// A block-parallel job's output that has room for it keeps its allocation, at
+    /// exactly its length and above it.
+    #[test]
+    fn a_block_parallel_output_with_room_keeps_its_allocation() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![6; 16])).unwrap();
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::On)
+            .lane(0);
+        let job = Job::new(
+            Cipher::AES_128_CTR,
+            Direction::Encrypt,
+            id,
+            [7; 16],
+            bytes(2, 64),
+        );
+        for room in [64, 128] {
+            let mut out = JobOutput {
+                data: Vec::with_capacity(room),
+                tag: None,
+            };
+            let at = out.data.as_ptr();
+            lane.run(&job, &keys, &mut out).unwrap();
+            assert_eq!(out.data.len(), 64);
+            assert_eq!(out.data.as_ptr(), at, "room for {room} bytes");
+        }
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
