@@ -1495,6 +1495,178 @@ mod tests {
         assert_eq!(out.data, reference(&job, &[2; 16]));
     }
 
+    /// The same on a lane that holds EVP contexts and chained CBC contexts, which
+    /// the lockstep lane above never makes: each cache drops the removed key's
+    /// entries and keeps the other key's.
+    #[test]
+    fn forgotten_keys_leave_the_evp_contexts_and_cbc_chains() {
+        let keys = KeyStore::new();
+        let a = keys.add(Key::new(vec![1; 16])).unwrap();
+        let b = keys.add(Key::new(vec![2; 16])).unwrap();
+        // EVP for everything: CTR and GCM on keyed contexts, a lone CBC encryption
+        // on a chain.
+        let engine = CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off);
+        let mut lane = engine.lane(0);
+        for (i, id) in [a, b].into_iter().enumerate() {
+            for c in [
+                Cipher::AES_128_CBC,
+                Cipher::AES_128_CTR,
+                Cipher::AES_128_GCM,
+            ] {
+                let iv = vec![i as u8; c.iv_len()];
+                let job = Job::with_iv(c, Direction::Encrypt, id, &iv, bytes(i, 64)).unwrap();
+                lane.run(&job, &keys, &mut JobOutput::default()).unwrap();
+            }
+        }
+        let in_contexts = |lane: &CpuLane, id: KeyId| {
+            lane.contexts
+                .iter()
+                .filter(|((k, _, _), _)| *k == id)
+                .count()
+        };
+        let in_chains = |lane: &CpuLane, id: KeyId| {
+            lane.cbc_chains
+                .iter()
+                .filter(|((k, _), _)| *k == id)
+                .count()
+        };
+        assert_eq!((in_contexts(&lane, a), in_contexts(&lane, b)), (2, 2));
+        assert_eq!((in_chains(&lane, a), in_chains(&lane, b)), (1, 1));
+        assert!(lane.forget_keys(&[a]));
+        assert_eq!((in_contexts(&lane, a), in_contexts(&lane, b)), (0, 2));
+        assert_eq!((in_chains(&lane, a), in_chains(&lane, b)), (0, 1));
+        let job = Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            b,
+            [9; 16],
+            bytes(9, 96),
+        );
+        let mut out = JobOutput::default();
+        lane.run(&job, &keys, &mut out).unwrap();
+        assert_eq!(out.data, reference(&job, &[2; 16]));
+        assert_eq!(in_chains(&lane, b), 1, "the kept chain ran the job");
+    }
+
+    /// The lane's copy of a choice (`SizeRule`, looked up once per run of a batch's
+    /// jobs of one kind) sends each size where the choice does, on both sides of a
+    /// crossover (forced choices, which every other test here uses, have none).
+    #[test]
+    fn a_size_rule_sends_each_size_where_its_choice_does() {
+        use Implementation::{AesCrate, Evp};
+        for (small, large) in [(Evp, AesCrate), (AesCrate, Evp)] {
+            let choice = Choice {
+                small,
+                large,
+                crossover: 256,
+                probes: Vec::new(),
+                native: AesCrate,
+            };
+            let rule = SizeRule::of(&choice);
+            for len in [0, 16, 255, 256, 257, 4096] {
+                assert_eq!(
+                    rule.uses_crate(len),
+                    choice.uses_crate(len),
+                    "{small} below 256 B, {large} from there: {len} B"
+                );
+            }
+            assert_eq!(rule.uses_crate(255), small == AesCrate);
+            assert_eq!(rule.uses_crate(256), large == AesCrate);
+        }
+    }
+
+    /// A lane whose lockstep width is 1 (EVP forced, or multi-buffer set to 1)
+    /// encrypts a batch's CBC jobs one by one on EVP's chained context, never through
+    /// the `aes` crate (the same bytes either way: only the caches tell).
+    #[test]
+    fn a_width_of_one_encrypts_cbc_batches_on_evp() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![3; 16])).unwrap();
+        for engine in [
+            CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off),
+            CpuEngine::with_lanes(1)
+                .block_parallel(BlockParallel::On)
+                .multibuffer(1),
+        ] {
+            let mut lane = engine.lane(0);
+            let jobs: Vec<Job> = (0..4)
+                .map(|i| {
+                    let iv = [i as u8; 16];
+                    Job::new(
+                        Cipher::AES_128_CBC,
+                        Direction::Encrypt,
+                        id,
+                        iv,
+                        bytes(i, 64),
+                    )
+                })
+                .collect();
+            for (job, out) in jobs.iter().zip(run_batch_of(&mut lane, &keys, &jobs)) {
+                assert_eq!(out.unwrap().data, reference(job, &[3; 16]));
+            }
+            assert!(lane.aes_keys.is_empty() && lane.vaes_keys.is_empty());
+            assert_eq!(lane.cbc_chains.len(), 1);
+        }
+    }
+
+    /// Jobs run one at a time (`Lane::run`) go to the implementation the lane's
+    /// choice names: with the `aes` crate and `ring` forced, CTR and CBC decryption
+    /// to the crate's expanded key and GCM to a `ring` key, with EVP forced all three
+    /// to keyed EVP contexts (the same bytes either way: only the caches tell).
+    #[test]
+    fn single_jobs_run_where_the_choice_says() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![4; 16])).unwrap();
+        for parallel in [BlockParallel::On, BlockParallel::Off] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for (cipher, direction) in [
+                (Cipher::AES_128_CTR, Direction::Encrypt),
+                (Cipher::AES_128_CBC, Direction::Decrypt),
+                (Cipher::AES_128_GCM, Direction::Encrypt),
+            ] {
+                let iv = vec![5; cipher.iv_len()];
+                let job = Job::with_iv(cipher, direction, id, &iv, bytes(1, 64)).unwrap();
+                lane.run(&job, &keys, &mut JobOutput::default()).unwrap();
+            }
+            let native = parallel == BlockParallel::On;
+            assert_eq!(lane.aes_keys.len(), usize::from(native), "{parallel:?}");
+            assert_eq!(lane.gcm_keys.len(), usize::from(native), "{parallel:?}");
+            assert_eq!(
+                lane.contexts.len(),
+                if native { 0 } else { 3 },
+                "{parallel:?}"
+            );
+        }
+    }
+
+    /// A block-parallel job's output that has room for it keeps its allocation, at
+    /// exactly its length and above it.
+    #[test]
+    fn a_block_parallel_output_with_room_keeps_its_allocation() {
+        let keys = KeyStore::new();
+        let id = keys.add(Key::new(vec![6; 16])).unwrap();
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::On)
+            .lane(0);
+        let job = Job::new(
+            Cipher::AES_128_CTR,
+            Direction::Encrypt,
+            id,
+            [7; 16],
+            bytes(2, 64),
+        );
+        for room in [64, 128] {
+            let mut out = JobOutput {
+                data: Vec::with_capacity(room),
+                tag: None,
+            };
+            let at = out.data.as_ptr();
+            lane.run(&job, &keys, &mut out).unwrap();
+            assert_eq!(out.data.len(), 64);
+            assert_eq!(out.data.as_ptr(), at, "room for {room} bytes");
+        }
+    }
+
     #[test]
     fn many_equal_jobs_one_key() {
         let keys = KeyStore::new();
@@ -2115,6 +2287,37 @@ mod tests {
             if driver.cipher.mode == Mode::Ctr {
                 let text = &driver.driver;
                 assert!(text.contains("measured") && text.contains("GB/s"), "{text}");
+            }
+        }
+    }
+
+    /// The engine's info names the multi-buffer width of CBC batches where lanes run
+    /// them in lockstep, and no width where they run one job at a time.
+    #[test]
+    fn info_names_the_lockstep_width_where_there_is_one() {
+        let on = || CpuEngine::with_lanes(1).block_parallel(BlockParallel::On);
+        for (engine, width) in [
+            (on().multibuffer(4), Some(4)),
+            (on().multibuffer(1), None),
+            (
+                CpuEngine::with_lanes(1).block_parallel(BlockParallel::Off),
+                None,
+            ),
+        ] {
+            let info = engine.info();
+            let cbc = info
+                .ciphers
+                .iter()
+                .filter(|d| matches!(d.cipher.mode, Mode::Cbc | Mode::CbcPkcs7));
+            for driver in cbc {
+                let text = &driver.driver;
+                match width {
+                    Some(w) => assert!(
+                        text.contains(&format!("; batches: {w}-way multi-buffer")),
+                        "{text}"
+                    ),
+                    None => assert!(!text.contains("multi-buffer"), "{text}"),
+                }
             }
         }
     }
