@@ -78,6 +78,11 @@ struct Knowledge {
     /// finds its estimates without building owned keys.
     engines: Vec<(String, usize, u32)>,
     costs: HashMap<ModelKey, Estimate>,
+    /// The estimate right after the engine last measured the class alone (a sole batch
+    /// or a re-measurement): one never measured so, or grown since by
+    /// [`model::FAST_DOWN`] (samples slowed beside other lanes), is re-measured in the
+    /// next batch where it is declined, not [`model::REMEASURE_EVERY`] batches later.
+    checked: HashMap<ModelKey, f64>,
     /// The calibration of this machine, if the policy was given one.
     seed: Option<Arc<Calibration>>,
 }
@@ -137,6 +142,16 @@ impl Knowledge {
     fn gain(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
         let (cal, len) = (self.seed.as_ref()?, model::bucket_floor(b));
         cal.mix_gain(&self.engines[id].0, cipher, direction, len)
+    }
+
+    /// Whether engine `id`'s estimate of a class is to be re-measured alone (see
+    /// [`Knowledge::checked`]).
+    fn check_due(&self, key: ModelKey, estimate: &Estimate) -> bool {
+        estimate.cost().is_some_and(|c| {
+            self.checked
+                .get(&key)
+                .is_none_or(|&alone| c.wall > alone * model::FAST_DOWN)
+        })
     }
 
     /// The position of engine `name` with `lanes` lanes in `engines`, added if new.
@@ -254,9 +269,8 @@ struct Pull {
     /// pull (the last jobs of a class) costs more per job than its usual one, so it
     /// only teaches an estimate that has nothing better yet.
     full: bool,
-    /// A re-measurement beside the engines this one was declined for: only an upper
-    /// bound of its cost (see [`SharedEstimate::lower`]).
-    bound: bool,
+    /// A re-measurement, the other engines' lanes waiting ([`SharedEstimate::check`]).
+    check: bool,
 }
 
 /// What one lane keeps between its calls to `next`. Only the lane's own thread touches
@@ -311,9 +325,16 @@ struct AdaptiveSchedule {
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
     /// Per engine: whether it may re-measure a class in this batch (see
-    /// [`model::REMEASURE_EVERY`]), and whether it has.
+    /// [`model::REMEASURE_EVERY`]), and the pulls it re-measured; per engine and key,
+    /// whether it is due a re-measurement sooner ([`Knowledge::checked`]), and whether
+    /// it measured the class alone in this batch.
     remeasure_due: Vec<bool>,
-    remeasured: Vec<AtomicBool>,
+    remeasured: Vec<AtomicU32>,
+    check_due: Vec<bool>,
+    alone: Vec<AtomicBool>,
+    /// The engine (plus one; 0: none) re-measuring in this batch, chosen as the lanes
+    /// start: the other engines' lanes wait until it is done ([`View::held`]).
+    checker: AtomicUsize,
     /// Per engine: pulls started (an engine that started none learned nothing).
     starts: Vec<AtomicU64>,
     /// Per engine: its position in the model's [`Knowledge::engines`], whether it uses
@@ -407,10 +428,13 @@ impl AdaptiveSchedule {
             .map(|e| known.engine(&e.name, e.lanes))
             .collect();
         let (mut estimates, mut gains, mut remeasure_due) = (Vec::new(), Vec::new(), Vec::new());
+        let mut check_due = Vec::new();
         for &id in &ids {
             remeasure_due.push(known.engines[id].2 >= model::REMEASURE_EVERY);
             for &(c, d, b) in &keys {
-                estimates.push(SharedEstimate::new(known.estimate(id, c, d, b)));
+                let estimate = known.estimate(id, c, d, b);
+                check_due.push(known.check_due((id, c, d, b), &estimate));
+                estimates.push(SharedEstimate::new(estimate));
                 gains.push(known.gain(id, c, d, b));
             }
         }
@@ -420,7 +444,10 @@ impl AdaptiveSchedule {
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
             remeasure_due,
-            remeasured: (0..n_engines).map(|_| AtomicBool::new(false)).collect(),
+            remeasured: (0..n_engines).map(|_| AtomicU32::new(0)).collect(),
+            alone: check_due.iter().map(|_| AtomicBool::new(false)).collect(),
+            check_due,
+            checker: AtomicUsize::new(0),
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             classes,
             keys,
@@ -457,8 +484,14 @@ impl AdaptiveSchedule {
     fn leave_out_idle_engines(&mut self) {
         let mut needed = EngineMask::default();
         for e in 0..self.alive.len() {
-            if self.lanes(e) > 0 && !matches!(decide(self, e), Decision::Wait | Decision::Done) {
+            let decision = decide(self, e);
+            if self.lanes(e) > 0 && !matches!(decision, Decision::Wait | Decision::Done) {
                 needed.insert(e);
+            }
+            if matches!(decision, Decision::Remeasure(_))
+                && self.checker.load(Ordering::Relaxed) == 0
+            {
+                self.checker.store(e + 1, Ordering::Relaxed);
             }
         }
         self.planning = false;
@@ -520,17 +553,28 @@ impl AdaptiveSchedule {
             && self.idle[engine].load(Ordering::Acquire) + 1 >= self.lanes(engine)
     }
 
-    /// Books lane's timed pull, which ended `now`: wall time per job.
+    /// Books lane's timed pull, which ended `now`: wall time per job. The last pull of a
+    /// re-measurement lets the other engines' lanes go on.
     fn book(&self, engine: usize, pull: Pull, now: Instant) {
-        let estimate = &self.estimates[self.slot(engine, pull.key)];
-        if !pull.full && estimate.cost().is_some() {
-            return;
-        }
+        let slot = self.slot(engine, pull.key);
+        let estimate = &self.estimates[slot];
         let wall =
             now.saturating_duration_since(pull.since).as_secs_f64() / pull.jobs.max(1) as f64;
-        if pull.bound {
-            estimate.lower(wall, wall);
-        } else if estimate.observe(wall, wall) {
+        if pull.check {
+            estimate.check(wall, wall);
+            self.alone[slot].store(true, Ordering::Relaxed);
+            if self.remeasured[engine].load(Ordering::Acquire) >= model::CHECK_PULLS {
+                self.release(engine);
+            }
+        } else if (pull.full || estimate.cost().is_none()) && estimate.observe(wall, wall) {
+            self.notify();
+        }
+    }
+
+    /// Ends `engine`'s re-measurement, if it is the one holding the others.
+    fn release(&self, engine: usize) {
+        if self.checker.load(Ordering::Acquire) == engine + 1 {
+            self.checker.store(0, Ordering::Release);
             self.notify();
         }
     }
@@ -558,6 +602,9 @@ impl AdaptiveSchedule {
         loop {
             let epoch = self.epoch.load(Ordering::Acquire);
             let decision = decide(self, engine);
+            if !matches!(decision, Decision::Remeasure(_)) {
+                self.release(engine);
+            }
             let q = match decision {
                 Decision::Take(q) | Decision::Remeasure(q) => q,
                 Decision::Probe(q) => {
@@ -605,9 +652,10 @@ impl AdaptiveSchedule {
                     continue;
                 }
             };
-            // A re-measurement: one a batch per engine, whichever lane gets it.
+            // A re-measurement: CHECK_PULLS a batch per engine, whichever lanes get them.
             let remeasure = decision == Decision::Remeasure(q);
-            if (!remeasure || !self.remeasured[engine].swap(true, Ordering::AcqRel))
+            if (!remeasure
+                || self.remeasured[engine].fetch_add(1, Ordering::AcqRel) < model::CHECK_PULLS)
                 && self.take(q, max, out)
             {
                 if decision == Decision::Take(q) && self.others_idle(engine) {
@@ -684,8 +732,9 @@ impl AdaptiveSchedule {
             jobs: run.jobs.swap(0, Ordering::Relaxed),
             since: self.origin + Duration::from_nanos(since),
             full: !run.partial.swap(false, Ordering::Relaxed),
-            bound: false,
+            check: false,
         };
+        self.alone[self.slot(engine, class.key)].store(true, Ordering::Relaxed);
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
         let end = self.origin + Duration::from_nanos(now.max(since));
         self.book(engine, pull, end);
@@ -756,8 +805,15 @@ impl View for AdaptiveSchedule {
         self.gains[self.slot(e, self.classes[q].key)]
     }
 
-    fn may_remeasure(&self, e: usize) -> bool {
-        self.remeasure_due[e] && !self.remeasured[e].load(Ordering::Relaxed)
+    fn may_remeasure(&self, e: usize, q: usize) -> bool {
+        (self.remeasure_due[e] || self.check_due[self.slot(e, self.classes[q].key)])
+            && self.remeasured[e].load(Ordering::Relaxed) < model::CHECK_PULLS
+            && (self.planning || self.checker.load(Ordering::Acquire) == e + 1)
+    }
+
+    fn held(&self, me: usize) -> bool {
+        let checker = self.checker.load(Ordering::Acquire);
+        !self.planning && checker != 0 && checker != me + 1 && self.lanes(checker - 1) > 0
     }
 
     fn start_cost(&self, e: usize) -> f64 {
@@ -796,7 +852,7 @@ impl Schedule for AdaptiveSchedule {
             jobs,
             since: Instant::now(),
             full: jobs >= max,
-            bound: matches!(decision, Some(Decision::Remeasure(_))),
+            check: matches!(decision, Some(Decision::Remeasure(_))),
         });
         true
     }
@@ -809,6 +865,7 @@ impl Schedule for AdaptiveSchedule {
         if let Some(alive) = self.alive.get(engine) {
             alive.store(0, Ordering::Release);
         }
+        self.release(engine);
         let jobs = self
             .classes
             .iter()
@@ -826,7 +883,7 @@ impl Drop for AdaptiveSchedule {
         let mut known = lock(&self.learned);
         for (e, &id) in self.ids.iter().enumerate() {
             let since = &mut known.engines[id].2;
-            *since = if *self.remeasured[e].get_mut() {
+            *since = if *self.remeasured[e].get_mut() > 0 {
                 0
             } else {
                 since.saturating_add(1)
@@ -837,9 +894,13 @@ impl Drop for AdaptiveSchedule {
                 continue;
             }
             for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
-                let estimate = self.estimates[self.slot(e, k)].get();
+                let slot = self.slot(e, k);
+                let estimate = self.estimates[slot].get();
                 if estimate.samples() > 0 {
                     known.costs.insert((id, cipher, direction, b), estimate);
+                }
+                if let (true, Some(c)) = (*self.alone[slot].get_mut(), estimate.cost()) {
+                    known.checked.insert((id, cipher, direction, b), c.wall);
                 }
             }
         }
@@ -1149,7 +1210,7 @@ mod tests {
             jobs: 4,
             since,
             full: true,
-            bound: false,
+            check: false,
         };
         // Two pulls of four jobs in 40 ms each (the first is the warm-up).
         s.book(0, pull, since + Duration::from_millis(40));
@@ -1182,31 +1243,155 @@ mod tests {
         );
     }
 
-    /// Once in [`model::REMEASURE_EVERY`] batches an engine the cost rule declines may
-    /// re-measure a class, once in the batch: on one core the cpu, declined on the
-    /// module's large jobs, takes one pull of them.
+    /// A declined engine re-measures a class it never measured alone in its first batch,
+    /// then once in [`model::REMEASURE_EVERY`] batches, [`model::CHECK_PULLS`] pulls a
+    /// batch: on one core the cpu, declined on the module's large jobs, takes them.
     #[test]
     fn a_declined_engine_remeasures_once_every_few_batches() {
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([65536; 2000]);
         let policy = seeded();
+        let remeasures = |s: &AdaptiveSchedule| {
+            // The module's lane waits (a lane that must not re-measure would not wait).
+            s.idle[1].store(1, Ordering::Release);
+            let mut out = Vec::new();
+            let mut state = LaneState::default();
+            for _ in 0..model::CHECK_PULLS {
+                let since = Instant::now();
+                assert_eq!(
+                    s.choose(0, 1, &mut out, &mut state),
+                    Some((0, Some(Decision::Remeasure(0))))
+                );
+                // At the stored cost: nothing to correct.
+                let stored = 1e-6 + 10e-9 * 65536.0;
+                let pull = Pull {
+                    key: 0,
+                    jobs: 1,
+                    since,
+                    full: true,
+                    check: true,
+                };
+                s.book(0, pull, since + Duration::from_secs_f64(stored));
+                s.starts[0].fetch_add(1, Ordering::Relaxed);
+            }
+            assert_eq!(out, [0, 1]);
+            assert!(!s.may_remeasure(0, 0), "CHECK_PULLS a batch");
+        };
         let first = schedule(&policy, &jobs, &engines, &lanes, 1);
-        assert!(!first.may_remeasure(0) && !first.may_remeasure(1));
+        assert!(first.may_remeasure(0, 0), "never measured alone");
+        remeasures(&first);
         drop(first);
-        for _ in 1..model::REMEASURE_EVERY {
-            drop(schedule(&policy, &jobs, &engines, &lanes, 1));
+        for _ in 0..model::REMEASURE_EVERY {
+            let s = schedule(&policy, &jobs, &engines, &lanes, 1);
+            assert!(
+                !s.may_remeasure(0, 0),
+                "measured alone, and at its estimate"
+            );
         }
         let s = schedule(&policy, &jobs, &engines, &lanes, 1);
-        assert!(s.may_remeasure(0));
-        // The module's lane waits (a lane that must not re-measure would not wait).
-        s.idle[1].store(1, Ordering::Release);
-        let mut out = Vec::new();
-        assert_eq!(
-            s.choose(0, 1, &mut out, &mut LaneState::default()),
-            Some((0, Some(Decision::Remeasure(0))))
-        );
-        assert_eq!(out, [0]);
-        assert!(!s.may_remeasure(0), "once a batch");
+        assert!(s.may_remeasure(0, 0));
+        remeasures(&s);
+    }
+
+    /// A policy seeded with a store of a cpu at `cpu` seconds a job and a module at
+    /// `module`, whatever the size (AES-128-CBC encryption).
+    fn flat_store(cpu: f64, module: f64) -> Adaptive {
+        use crate::calibration::tests::{class, cpu_and_module};
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let mut cal = cpu_and_module();
+        cal.engines[0].classes[0] = class(c, d, cpu, 0.0, 1.0);
+        cal.engines[1].classes[0] = class(c, d, module, 0.0, 1.0);
+        Adaptive::seeded(Arc::new(cal))
+    }
+
+    /// One batch of `jobs` on one core and a fake clock, a lane per engine, as the
+    /// dispatcher runs it: the engines the schedule needs start, each job of engine `e`
+    /// takes `truth[e]` seconds, the lane free soonest asks next and books its last pull
+    /// then, and a lane the rule makes wait asks again when the other's job ends. The
+    /// jobs each engine ran.
+    fn fake_batch(policy: &Adaptive, jobs: &[JobMeta], truth: [f64; 2]) -> [usize; 2] {
+        let (engines, lanes) = cpu_and_kernel();
+        let mut s = schedule(policy, jobs, &engines, &lanes, 1);
+        s.leave_out_idle_engines();
+        let origin = Instant::now();
+        let at = |t: f64| origin + Duration::from_secs_f64(t);
+        let mut free = [0.0f64, 0.0];
+        let mut pulls: [Option<Pull>; 2] = [None, None];
+        let (mut done, mut ran, mut stalls) = ([false, false], [0, 0], 0);
+        let mut state = [LaneState::default(), LaneState::default()];
+        while let Some(e) = (0..2)
+            .filter(|&e| !done[e])
+            .min_by(|&a, &b| free[a].total_cmp(&free[b]))
+        {
+            if let Some(pull) = pulls[e].take() {
+                s.book(e, pull, at(free[e]));
+            }
+            match decide(&s, e) {
+                Decision::Done => done[e] = true,
+                Decision::Wait => {
+                    // Until the other lane's job ends, or it has asked.
+                    stalls += 1;
+                    assert!(stalls < 4, "both lanes wait: {ran:?}");
+                    free[e] = free[1 - e].max(free[e]) + 1e-9;
+                }
+                _ => {
+                    let mut out = Vec::new();
+                    let (q, decision) = s.choose(e, 1, &mut out, &mut state[e]).expect("a job");
+                    s.starts[e].fetch_add(1, Ordering::Relaxed);
+                    pulls[e] = Some(Pull {
+                        key: s.classes[q].key,
+                        jobs: 1,
+                        since: at(free[e]),
+                        full: true,
+                        check: matches!(decision, Some(Decision::Remeasure(_))),
+                    });
+                    free[e] += truth[e];
+                    ran[e] += 1;
+                    stalls = 0;
+                }
+            }
+        }
+        ran
+    }
+
+    /// A store wrong on one class (it puts the module at 2 ms a 256-byte job, where it
+    /// takes 0.3 ms and the cpu 1 ms, as `calibrate` did in a loaded boot): the module,
+    /// which the store declines, measures the class alone as the first batch starts, the
+    /// cpu's lane waiting, and takes the rest of that batch and of every later one.
+    #[test]
+    fn a_wrong_store_is_corrected_within_the_first_batch() {
+        let policy = flat_store(1e-3, 2e-3);
+        let jobs = cbc_jobs([256; 400]);
+        let truth = [1e-3, 0.3e-3];
+        let first = fake_batch(&policy, &jobs, truth);
+        assert!(first[1] >= 395, "the module took over: {first:?}");
+        // The cpu, declined now, checks its stored cost once too; then the module alone.
+        let checks = model::CHECK_PULLS as usize;
+        assert_eq!(fake_batch(&policy, &jobs, truth), [checks, 400 - checks]);
+        assert_eq!(fake_batch(&policy, &jobs, truth), [0, 400]);
+        // The old rule (no check before REMEASURE_EVERY batches) ran the cpu alone.
+        let (engines, lanes) = cpu_and_kernel();
+        let mut s = schedule(&flat_store(1e-3, 2e-3), &jobs, &engines, &lanes, 1);
+        s.check_due.fill(false);
+        s.leave_out_idle_engines();
+        assert_eq!(s.engines_needed(), EngineMask(1));
+    }
+
+    /// A right store (the cpu 0.5 ms a job, the module 1 ms) is not spoiled by the
+    /// check: the module measures the class alone once, [`model::CHECK_PULLS`] jobs,
+    /// then the cpu runs every other job, and the next batches run the cpu alone (the
+    /// module's lane not started) until the periodic re-measurement.
+    #[test]
+    fn a_right_store_is_checked_once_and_kept() {
+        let policy = flat_store(0.5e-3, 1e-3);
+        let jobs = cbc_jobs([256; 400]);
+        let truth = [0.5e-3, 1e-3];
+        let checks = model::CHECK_PULLS as usize;
+        assert_eq!(fake_batch(&policy, &jobs, truth), [400 - checks, checks]);
+        for _ in 0..model::REMEASURE_EVERY {
+            assert_eq!(fake_batch(&policy, &jobs, truth), [400, 0]);
+        }
+        assert_eq!(fake_batch(&policy, &jobs, truth), [400 - checks, checks]);
     }
 
     /// A lane the rule makes wait while every other lane waits too takes a job anyway,

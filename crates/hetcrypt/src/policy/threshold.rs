@@ -5,7 +5,12 @@
 //! - [`Threshold::calibrated`] (`threshold` when a calibration store holds for this
 //!   machine) splits each cipher and direction at the crossover `hetcrypt calibrate`
 //!   stored ([`Calibration::crossover`]), from the first job on; a class the store
-//!   does not know is learned as below;
+//!   does not know is learned as below. It never checks the stored crossover: where
+//!   the store is wrong (in the soft guest on an Intel host, `calibrate` timed the cpu
+//!   at 34-47 µs a 256-byte request where the work's jobs took 360-810 µs, and stored
+//!   crossovers of 0.6-1.75 KiB where the module won from 256 B), every batch of the
+//!   run is split wrong, as with QAT_Engine's fixed threshold; `adaptive` is the policy
+//!   that corrects a wrong store (`docs/results.md`, twentieth session);
 //! - [`Threshold::fixed`] (`threshold:<bytes>` on the command line) takes it from the
 //!   caller;
 //! - [`Threshold::calibrating`] (`threshold` without a store) measures during the

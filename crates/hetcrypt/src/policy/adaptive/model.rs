@@ -26,9 +26,10 @@
 //!
 //! **Exploration.** An engine with no estimate takes up to [`PROBES`] probe jobs of a
 //! class, smallest first, while the batch is large enough to hide them. A declined
-//! engine re-measures a class with one pull every [`REMEASURE_EVERY`] batches, beside
-//! enough other work ([`REMEASURE_RATIO`]); beside the others that pull can only come
-//! out slow, so it may only lower the estimate (an engine that got faster comes back).
+//! engine re-measures a class with [`CHECK_PULLS`] pulls ([`Estimate::check`]) while
+//! the other engines' lanes wait ([`View::held`]), where the batch has enough other
+//! work ([`REMEASURE_RATIO`]): every [`REMEASURE_EVERY`] batches, and sooner where the
+//! schedule says its estimate was never measured alone or grew since (a wrong store).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -99,6 +100,10 @@ pub const REMEASURE_RATIO: f64 = 100.0;
 /// module request can take tens of milliseconds that the batch waits for.
 pub const REMEASURE_EVERY: u32 = 8;
 
+/// Pulls a re-measurement takes: the first request of a lane just started, or after a
+/// pause, runs slower than the next ([`MIN_SAMPLES`]), and the lower one is what counts.
+pub const CHECK_PULLS: u32 = 2;
+
 /// An engine other than a class's best single engine joins it on an oversubscribed host
 /// only if the calibration measured both side by side at least this much faster than
 /// the other alone: a few percent is within the guest's noise.
@@ -150,6 +155,19 @@ impl Estimate {
             self.cpu += alpha * (cpu - self.cpu);
         }
         self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Adds a sample of the engine measured alone (a re-measurement, the others'
+    /// lanes waiting): one far below a usable estimate ([`FAST_DOWN`]) replaces it, since
+    /// timing noise only adds time and the estimate came from a wrong store or from
+    /// samples slowed beside other lanes; any other counts as [`Estimate::observe`].
+    pub fn check(&mut self, wall: f64, cpu: f64) {
+        if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
+            (self.wall, self.cpu) = (wall, cpu);
+            self.samples = self.samples.saturating_add(1);
+        } else {
+            self.observe(wall, cpu);
+        }
     }
 
     /// The estimate, once it has [`MIN_SAMPLES`] samples.
@@ -208,12 +226,13 @@ impl SharedEstimate {
         before + 1 == MIN_SAMPLES
     }
 
-    /// Adds a sample that is only an upper bound of the engine's cost (a job run beside
-    /// the engines it was declined for): counted if below the estimate, ignored if not.
-    pub fn lower(&self, wall: f64, cpu: f64) {
-        if self.cost().is_some_and(|c| wall < c.wall) {
-            self.observe(wall, cpu);
-        }
+    /// Adds a sample of the engine measured alone ([`Estimate::check`]).
+    pub fn check(&self, wall: f64, cpu: f64) {
+        let mut e = self.get();
+        e.check(wall, cpu);
+        self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
+        self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
+        self.samples.fetch_add(1, Ordering::Release);
     }
 
     /// The estimate, once usable.
@@ -251,9 +270,14 @@ pub trait View {
     /// The gain the calibration measured of engine `e` running class `q` beside the
     /// other engine, over that engine alone (see [`MIX_GAIN`]).
     fn gain(&self, e: usize, q: usize) -> Option<f64>;
-    /// Whether engine `e` may still re-measure a class in this batch (see
+    /// Whether engine `e` may still re-measure class `q` in this batch (see
     /// [`REMEASURE_EVERY`]).
-    fn may_remeasure(&self, e: usize) -> bool;
+    fn may_remeasure(&self, e: usize, q: usize) -> bool;
+    /// Whether a lane of engine `me` must wait while another engine re-measures a class
+    /// alone.
+    fn held(&self, _me: usize) -> bool {
+        false
+    }
     /// Seconds that starting engine `e`'s lanes would add to the batch (their threads'
     /// start and join), or 0 once they run: what a re-measurement costs beyond its pull
     /// when the engine is otherwise left out of the batch.
@@ -334,6 +358,9 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
     if v.lanes(me) == 0 {
         return Decision::Done;
     }
+    if v.held(me) {
+        return Decision::Wait;
+    }
     let steal = v.steal();
     // Time the other lanes would need for all remaining work (fluid estimate), and how
     // much remains.
@@ -409,7 +436,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
         let horizon = others_time.max(fastest_other_lane);
         if !worth(v, me, q, steal) || c.wall > horizon {
             if remeasure.is_none()
-                && v.may_remeasure(me)
+                && v.may_remeasure(me, q)
                 && others_time
                     >= REMEASURE_RATIO * (c.wall + v.start_cost(me) / f64::from(REMEASURE_EVERY))
             {
@@ -512,20 +539,35 @@ mod tests {
     }
 
     /// A stored cost is usable at once and settled (a run's sample moves it by
-    /// 1/WINDOW); a sample that is only an upper bound lowers an estimate, never lifts it.
+    /// 1/WINDOW); a sample measured alone far below it replaces it, one near or above it
+    /// counts as any sample.
     #[test]
-    fn a_seeded_estimate_is_settled_and_an_upper_bound_only_lowers() {
+    fn a_seeded_estimate_is_settled_and_a_check_far_below_replaces_it() {
         let seeded = SharedEstimate::new(Estimate::seeded(1.0, 0.5));
         assert_eq!(seeded.cost().map(|c| c.wall), Some(1.0));
         seeded.observe(1.8, 1.8);
         assert!((seeded.cost().unwrap().wall - 1.1).abs() < 1e-12);
-        seeded.lower(3.0, 3.0);
-        assert!((seeded.cost().unwrap().wall - 1.1).abs() < 1e-12);
-        seeded.lower(0.1, 0.1);
-        assert!((seeded.cost().unwrap().wall - 0.6).abs() < 1e-12);
+        seeded.check(1.9, 1.9);
+        assert!((seeded.cost().unwrap().wall - 1.2).abs() < 1e-12);
+        seeded.check(0.1, 0.05);
+        assert_eq!(
+            seeded.cost(),
+            Some(Cost {
+                wall: 0.1,
+                cpu: 0.05
+            })
+        );
+        assert_eq!(seeded.get().samples(), WINDOW + 3);
+        // Within FAST_DOWN of the estimate: a plain sample.
+        seeded.check(0.1 * FAST_DOWN, 0.1);
+        assert!(seeded.cost().unwrap().wall < 0.1 * FAST_DOWN);
         let unknown = SharedEstimate::default();
-        unknown.lower(0.1, 0.1);
-        assert_eq!(unknown.get().samples(), 0, "no estimate to bound");
+        unknown.check(0.1, 0.1);
+        assert_eq!(
+            unknown.get().samples(),
+            1,
+            "an unknown estimate starts as usual"
+        );
     }
 
     /// A synthetic engine: per-job wall time as fixed + per-byte cost. A module also has
@@ -652,7 +694,7 @@ mod tests {
         fn gain(&self, e: usize, q: usize) -> Option<f64> {
             self.gains[e][q]
         }
-        fn may_remeasure(&self, e: usize) -> bool {
+        fn may_remeasure(&self, e: usize, _: usize) -> bool {
             !self.remeasured[e] && self.since[e] >= REMEASURE_EVERY
         }
         /// The simulation starts no threads.
@@ -741,11 +783,13 @@ mod tests {
             {
                 let now = lanes[l].free_at;
                 let e = lanes[l].engine;
-                if let Some((start, q, bound)) = lanes[l].job.take() {
+                if let Some((start, q, check)) = lanes[l].job.take() {
                     makespan = makespan.max(now);
                     let wall = now - start;
                     let est = &mut self.est[e][q];
-                    if !bound || est.cost().is_some_and(|c| wall < c.wall) {
+                    if check {
+                        est.check(wall, wall);
+                    } else {
                         est.observe(wall, wall);
                     }
                 }
@@ -1061,14 +1105,6 @@ mod tests {
         assert_eq!(settled.cost().map(|c| c.wall), Some(plain));
     }
 
-    /// An upper-bound sample equal to the estimate says nothing new: not counted.
-    #[test]
-    fn an_upper_bound_equal_to_the_estimate_is_ignored() {
-        let shared = SharedEstimate::new(Estimate::seeded(1.0, 0.5));
-        shared.lower(1.0, 3.0);
-        assert_eq!(shared.get(), Estimate::seeded(1.0, 0.5));
-    }
-
     /// A batch set out field by field, for the rule's edge cases: engines and their
     /// lanes, classes (who may run them, jobs left, bucket, longest job) and what is
     /// known per engine and class.
@@ -1156,7 +1192,7 @@ mod tests {
         fn gain(&self, _: usize, _: usize) -> Option<f64> {
             None
         }
-        fn may_remeasure(&self, e: usize) -> bool {
+        fn may_remeasure(&self, e: usize, _: usize) -> bool {
             self.remeasure[e]
         }
         fn start_cost(&self, _: usize) -> f64 {
