@@ -737,9 +737,7 @@ fn run<S: FileStream>(
     let mut pipeline = Pipeline::new(engines, policy.as_ref())?
         .window(sizes.window)
         .overlap(!plan.reads_stdin())
-        .spread(spreads_batches(
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-        ));
+        .spread(spreads_batches(hetcrypt::engine::cpu::available_cores()));
     // Decrypting, each tree's manifest is read and authenticated before its files: the
     // inputs' trees now, those met inside a walk (a folder with its own manifest) as
     // the walk enters them. Manifests are small: one CPU lane reads them, beside the

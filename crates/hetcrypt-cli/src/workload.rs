@@ -397,7 +397,7 @@ impl Machine {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".to_string()),
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores: hetcrypt::engine::cpu::available_cores(),
             openssl: openssl::version::version().to_string(),
             hetcrypt: env!("CARGO_PKG_VERSION").to_string(),
         }

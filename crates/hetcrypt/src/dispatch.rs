@@ -119,7 +119,7 @@ impl Dispatcher {
         let failed = vec![None; engines.len()];
         Ok(Dispatcher {
             kinds: engines.iter().map(|e| e.kind()).collect(),
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores: crate::engine::cpu::available_cores(),
             engines,
             keys: KeyStore::new(),
             lanes: Mutex::new(lanes),

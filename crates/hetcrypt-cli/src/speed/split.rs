@@ -61,10 +61,9 @@ pub(super) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if args.size < BLOCK_LEN {
         bail!("--size must be at least one {BLOCK_LEN}-byte block");
     }
-    let max_lanes = args.lanes.map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        usize::from,
-    );
+    let max_lanes = args
+        .lanes
+        .map_or_else(hetcrypt::engine::cpu::available_cores, usize::from);
 
     let key = random_key(cipher)?;
     // Every dispatcher below registers this key first, so it has the same id in all.
