@@ -473,9 +473,11 @@ impl<'p> Pipeline<'p> {
             let (to_engines, batches) = mpsc::sync_channel::<ToRun>(1);
             let (ran_tx, ran) = mpsc::sync_channel::<RanBatch>(1);
             let mut engines = Some(scope.spawn(move || {
-                for (batch, reuse) in batches {
+                for (mut batch, reuse) in batches {
                     let result = if one_lane {
-                        dispatcher.run_reusing_in_line(&batch.jobs, policy, reuse)
+                        // The chunks' input buffers become their outputs (no copy);
+                        // the jobs take the spare buffers back for reading into.
+                        dispatcher.run_in_place_in_line(&mut batch.jobs, policy, reuse)
                     } else {
                         dispatcher.run_reusing(&batch.jobs, policy, reuse)
                     };

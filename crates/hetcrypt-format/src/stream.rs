@@ -160,9 +160,14 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// one (fresh chunk memory is not free: the allocator gives it back to the kernel
 /// between batches, and each new page then costs a fault). A reused buffer keeps its
 /// old bytes, which the read overwrites or the caller cuts off: only its growth is
-/// zeroed (zeroing whole chunks cost a memset of every byte read).
+/// zeroed (zeroing whole chunks cost a memset of every byte read). A fresh buffer has
+/// room for a tag after the chunk: a chunk sealed in its own buffer
+/// ([`hetcrypt::Dispatcher::run_in_place_in_line`]) gets its tag appended there, and
+/// without the room each buffer was moved once into one of twice the size.
 fn sized_buffer(buffers: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
-    let mut buf = buffers.pop().unwrap_or_default();
+    let mut buf = buffers
+        .pop()
+        .unwrap_or_else(|| Vec::with_capacity(len + crate::aead::TAG_LEN));
     buf.resize(len, 0);
     buf
 }
@@ -711,6 +716,19 @@ impl<R: Read, W: ChunkWrite> Stream for DecryptStream<R, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_read_buffer_has_room_for_the_chunks_tag() {
+        let mut none = Vec::new();
+        let buf = sized_buffer(&mut none, CHUNK_SIZE);
+        assert_eq!(buf.len(), CHUNK_SIZE);
+        assert!(buf.capacity() >= CHUNK_SIZE + crate::aead::TAG_LEN);
+        // A reused one keeps its allocation.
+        let mut kept = vec![Vec::with_capacity(3 * CHUNK_SIZE)];
+        let ptr = kept[0].as_ptr();
+        let reused = sized_buffer(&mut kept, CHUNK_SIZE);
+        assert_eq!(reused.as_ptr(), ptr);
+    }
 
     /// However the pieces are asked for, fewer than `depth` stay held ahead of the
     /// caller after each (the memory bound counts at most MAX_READ_AHEAD per stream),

@@ -671,28 +671,74 @@ impl CpuLane {
 
     /// Runs a validated GCM job through `ring` (see [`CpuLane::uses_ring`]).
     fn run_ring(&mut self, job: &Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        let (key, iv) = self.ring_key(job, keys)?;
+        out.tag = None;
+        match job.direction {
+            Direction::Encrypt => {
+                out.tag = Some(gcm::seal(key, &iv, &job.aad, &job.input, &mut out.data)?);
+                Ok(())
+            }
+            Direction::Decrypt => {
+                let tag = job
+                    .tag
+                    .as_ref()
+                    .ok_or(Error::MissingTag { cipher: job.cipher })?;
+                gcm::open(key, &iv, &job.aad, &job.input, tag, &mut out.data)
+            }
+        }
+    }
+
+    /// [`CpuLane::run_ring`] in the job's own input buffer, which becomes `out.data`
+    /// (see [`Lane::run_in_place`]).
+    fn run_ring_in_place(
+        &mut self,
+        job: &mut Job,
+        keys: &KeyStore,
+        out: &mut JobOutput,
+    ) -> Result<()> {
+        std::mem::swap(&mut job.input, &mut out.data);
+        out.tag = None;
+        let result = self
+            .ring_key(job, keys)
+            .and_then(|(key, iv)| match job.direction {
+                Direction::Encrypt => {
+                    out.tag = Some(gcm::seal_in_place(key, &iv, &job.aad, &mut out.data)?);
+                    Ok(())
+                }
+                Direction::Decrypt => {
+                    let tag = job
+                        .tag
+                        .as_ref()
+                        .ok_or(Error::MissingTag { cipher: job.cipher })?;
+                    gcm::open_in_place(key, &iv, &job.aad, tag, &mut out.data)
+                }
+            });
+        if result.is_err() {
+            // No input (or, opening, unauthenticated plaintext) is left as a result.
+            zeroize::Zeroize::zeroize(out.data.as_mut_slice());
+            out.data.clear();
+        }
+        result
+    }
+
+    /// The job's `ring` key schedule (made on first use) and its 96-bit IV.
+    fn ring_key(
+        &mut self,
+        job: &Job,
+        keys: &KeyStore,
+    ) -> Result<(&gcm::GcmKey, [u8; gcm::IV_LEN])> {
         let cipher = job.cipher;
+        let iv: [u8; gcm::IV_LEN] = job.iv().try_into().map_err(|_| Error::IvLength {
+            cipher,
+            expected: gcm::IV_LEN,
+            got: job.iv().len(),
+        })?;
         let key = most_recent(&mut self.gcm_keys, (job.key, cipher.key_size), || {
             keys.with_key(job.key, |key| {
                 gcm::GcmKey::new(cipher, key.as_bytes()).unwrap_or(Err(Error::NoEngine { cipher }))
             })?
         })?;
-        let iv: &[u8; gcm::IV_LEN] = job.iv().try_into().map_err(|_| Error::IvLength {
-            cipher,
-            expected: gcm::IV_LEN,
-            got: job.iv().len(),
-        })?;
-        out.tag = None;
-        match job.direction {
-            Direction::Encrypt => {
-                out.tag = Some(gcm::seal(key, iv, &job.aad, &job.input, &mut out.data)?);
-                Ok(())
-            }
-            Direction::Decrypt => {
-                let tag = job.tag.as_ref().ok_or(Error::MissingTag { cipher })?;
-                gcm::open(key, iv, &job.aad, &job.input, tag, &mut out.data)
-            }
-        }
+        Ok((key, iv))
     }
 
     /// Runs one job, through the `aes` crate if it is block-parallel and the crate is
@@ -1084,6 +1130,20 @@ impl Lane for CpuLane {
             return result;
         }
         super::run_raw_copied(job, out, |owned, result| self.run_one(owned, keys, result))
+    }
+
+    /// GCM that `ring` runs (see [`CpuLane::uses_ring`]), valid, on a lane that pins.
+    fn runs_in_place(&mut self, job: &Job) -> bool {
+        self.uses_ring(job) && job.validate().is_ok() && self.pin().is_ok()
+    }
+
+    fn run_in_place(&mut self, job: &mut Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        self.pin()?;
+        if job.validate().is_ok() && self.uses_ring(job) {
+            self.run_ring_in_place(job, keys, out)
+        } else {
+            self.run_one(job, keys, out)
+        }
     }
 
     /// Drops the keyed contexts and expanded keys of removed keys (the `aes` crate's

@@ -260,6 +260,26 @@ pub trait Lane: Send {
         false
     }
 
+    /// Whether [`Lane::run_in_place`] runs `job` in its own input buffer, with no
+    /// copy. The default, and a lane that cannot work in place (or cannot be made
+    /// ready, such as a pinned lane off its core), says no.
+    fn runs_in_place(&mut self, job: &Job) -> bool {
+        let _ = job;
+        false
+    }
+
+    /// Runs `job` in its own input buffer: that buffer becomes `out.data`, holding the
+    /// result (or, after a job error, nothing), and what `out.data` held becomes the
+    /// job's input, for the caller to reuse. For large jobs whose inputs the caller
+    /// owns and no longer needs (a file's chunks): the input is not copied into the
+    /// output first (0.15 s of CPU per GiB of AES-GCM on our 2-core host). The
+    /// dispatcher calls it only for jobs [`Lane::runs_in_place`] accepted; the default
+    /// runs the job through [`Lane::run`], copying. Errors as for [`Lane::run`], and
+    /// never a failure of the engine itself for an accepted job.
+    fn run_in_place(&mut self, job: &mut Job, keys: &KeyStore, out: &mut JobOutput) -> Result<()> {
+        self.run(job, keys, out)
+    }
+
     /// Runs a [`RawJob`] into `out` (as long as the input). The default goes through
     /// [`Lane::run`] (one copy each way); engines whose requests can read and write the
     /// caller's buffers directly override it. Errors as for [`Lane::run`].

@@ -103,18 +103,30 @@ pub(crate) fn seal(
     out: &mut Vec<u8>,
 ) -> Result<Tag> {
     fill(out, input);
+    seal_in_place(key, iv, aad, out)
+}
+
+/// Encrypts `data` in place and returns the tag; `data` keeps room for the tag after
+/// it (see [`fill`]), growing only if it has none.
+pub(crate) fn seal_in_place(
+    key: &GcmKey,
+    iv: &[u8; IV_LEN],
+    aad: &[u8],
+    data: &mut Vec<u8>,
+) -> Result<Tag> {
+    data.reserve(TAG_LEN);
     let tag = key
         .get()
         .seal_in_place_separate_tag(
             Nonce::assume_unique_for_key(*iv),
             Aad::from(aad),
-            out.as_mut_slice(),
+            data.as_mut_slice(),
         )
         // Only a message longer than GCM allows is refused (callers keep to MAX_INPUT).
         .map_err(|_| Error::TooLarge {
             cipher: key.cipher,
             engine: "cpu".into(),
-            len: input.len() + aad.len(),
+            len: data.len() + aad.len(),
             max: MAX_INPUT,
         })?;
     let mut bytes = [0u8; TAG_LEN];
@@ -134,16 +146,27 @@ pub(crate) fn open(
     out: &mut Vec<u8>,
 ) -> Result<()> {
     fill(out, input);
+    open_in_place(key, iv, aad, tag, out)
+}
+
+/// Decrypts `data` in place if `tag` authenticates it; on failure, as [`open`].
+pub(crate) fn open_in_place(
+    key: &GcmKey,
+    iv: &[u8; IV_LEN],
+    aad: &[u8],
+    tag: &Tag,
+    data: &mut Vec<u8>,
+) -> Result<()> {
     let opened = key.get().open_in_place_separate_tag(
         Nonce::assume_unique_for_key(*iv),
         Aad::from(aad),
         aead::Tag::from(*tag),
-        out.as_mut_slice(),
+        data.as_mut_slice(),
         0..,
     );
     if opened.is_err() {
-        zeroize::Zeroize::zeroize(out.as_mut_slice());
-        out.clear();
+        zeroize::Zeroize::zeroize(data.as_mut_slice());
+        data.clear();
         return Err(Error::AuthenticationFailed);
     }
     Ok(())
