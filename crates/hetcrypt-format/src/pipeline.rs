@@ -14,7 +14,9 @@
 //! One dispatcher serves the whole run, so its lanes (and a device's sessions) stay
 //! open: each finished message's key is removed from it, which also drops the lanes'
 //! per-key contexts, and each batch's outputs are written into the buffers of the
-//! previous batch's (fresh output memory cost more than encrypting it on our VM).
+//! previous batch's (fresh output memory cost more than encrypting it on our VM), or,
+//! where a large file's batches run in-line on one lane and the engine can, into the
+//! inputs' own buffers (see [`Pipeline::spread`]).
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -417,7 +419,9 @@ impl<'p> Pipeline<'p> {
     /// and a writer behind it keep two cores busy, and two lane threads started and
     /// joined per batch then only compete with them for the same cores (on 2 cores,
     /// 1 GiB on tmpfs: 1,026 thread starts, about 15% of the run's CPU time; see
-    /// docs/performance.md, "Twentieth session").
+    /// docs/performance.md, "Twentieth session"). There each chunk is sealed or opened
+    /// in its own read buffer where the engine can
+    /// ([`Dispatcher::run_in_place_in_line`]: no copy into the output first).
     pub fn spread(mut self, spread: bool) -> Self {
         self.spread = spread;
         self

@@ -1132,7 +1132,7 @@ impl Lane for CpuLane {
         super::run_raw_copied(job, out, |owned, result| self.run_one(owned, keys, result))
     }
 
-    /// GCM that `ring` runs (see [`CpuLane::uses_ring`]), valid, on a lane that pins.
+    /// GCM that `ring` runs (`CpuLane::uses_ring`), valid, on a lane that pins.
     fn runs_in_place(&mut self, job: &Job) -> bool {
         self.uses_ring(job) && job.validate().is_ok() && self.pin().is_ok()
     }
