@@ -1088,6 +1088,87 @@ mod tests {
         );
     }
 
+    /// Knowledge seeded with `cal` that has met `cpu` (id 0) and `kernel` (id 1).
+    fn knowledge(cal: Calibration) -> Knowledge {
+        let mut known = Knowledge {
+            seed: Some(Arc::new(cal)),
+            ..Knowledge::default()
+        };
+        assert_eq!((known.engine("cpu", 1), known.engine("kernel", 1)), (0, 1));
+        known
+    }
+
+    /// Gives engine `id` a settled estimate of `wall` seconds a job (enough samples of
+    /// its own to drift by) on the class `key`.
+    fn learn(known: &mut Knowledge, key: ModelKey, wall: f64) {
+        let mut e = Estimate::seeded(wall, wall);
+        for _ in 0..DRIFT_MIN_OWN {
+            e.observe(wall, wall);
+        }
+        known.costs.insert(key, e);
+    }
+
+    /// The drift is the engine's own learned over stored cost on a nearby class of the
+    /// same cipher and direction, and 1 where a side of that ratio is zero: another
+    /// engine's, cipher's or direction's samples never move it.
+    #[test]
+    fn drift_is_learned_over_stored_of_the_engines_own_class() {
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let (near, b) = (model::bucket(4096), model::bucket(16384));
+        let cal = crate::calibration::tests::cpu_and_module;
+        let mut known = knowledge(cal());
+        assert_eq!(known.drift(0, c, d, b), 1.0, "nothing learned");
+        let stored = |k: &Knowledge, id| k.stored(id, c, d, near).expect("stored");
+        for (cipher, direction) in [(Cipher::AES_256_CBC, d), (c, Direction::Decrypt)] {
+            let mut k = knowledge(cal());
+            let three = 3.0 * stored(&k, 0);
+            learn(&mut k, (0, cipher, direction, near), three);
+            assert_eq!(k.drift(0, c, d, b), 1.0, "{cipher} {direction}");
+        }
+        // The module's samples are the module's.
+        let three = 3.0 * stored(&known, 1);
+        learn(&mut known, (1, c, d, near), three);
+        assert_eq!(known.drift(0, c, d, b), 1.0);
+        assert!((known.drift(1, c, d, b) - 3.0).abs() < 1e-9);
+        // The cpu's own, twice the store.
+        let twice = 2.0 * stored(&known, 0);
+        learn(&mut known, (0, c, d, near), twice);
+        assert!((known.drift(0, c, d, b) - 2.0).abs() < 1e-9);
+        // A learned cost of zero says nothing.
+        learn(&mut known, (0, c, d, near), 0.0);
+        assert_eq!(known.drift(0, c, d, b), 1.0, "learned zero");
+        // Nor does a stored cost of zero (a class the store measured as free).
+        let mut free = cal();
+        free.engines[0].classes[0] = crate::calibration::tests::class(c, d, 0.0, 0.0, 1.0);
+        let mut known = knowledge(free);
+        learn(&mut known, (0, c, d, near), 1e-4);
+        assert_eq!(known.drift(0, c, d, b), 1.0, "stored zero");
+    }
+
+    /// A class is checked alone again where it never was, or where its estimate has grown
+    /// more than [`model::FAST_DOWN`] times what it was when it last was.
+    #[test]
+    fn a_check_is_due_when_never_made_or_the_estimate_grew_past_fast_down() {
+        let mut known = knowledge(crate::calibration::tests::cpu_and_module());
+        let key = (
+            0,
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            model::bucket(1024),
+        );
+        let alone = 1e-4;
+        let at = |wall: f64| Estimate::seeded(wall, wall);
+        assert!(!known.check_due(key, &Estimate::default()), "no estimate");
+        assert!(known.check_due(key, &at(alone)), "never checked");
+        known.checked.insert(key, alone);
+        assert!(!known.check_due(key, &at(alone)));
+        assert!(
+            !known.check_due(key, &at(alone * model::FAST_DOWN)),
+            "grown by exactly"
+        );
+        assert!(known.check_due(key, &at(alone * 1.6)), "grown past");
+    }
+
     /// The policy seeded with [`crate::calibration::tests::cpu_and_module`]: a cpu fast
     /// on small jobs, a module with a 200 µs request floor that wins from ~22 KB.
     fn seeded() -> Adaptive {
