@@ -73,9 +73,9 @@ const LANES_LEN: usize = 16 * 1024;
 /// them. There, in three calibrations of one boot, the cpu's CBC encryption of the
 /// same 256-byte job again and again took 36-41 µs a request, a ring of 64 distinct
 /// jobs of that size 299-413 µs (1 KiB: 148-375 against 1,231-1,454 µs; 4 KiB: 656-862
-/// against 3,889-4,048), and the bench's own cpu jobs 480-957, 1,538-2,294 and
-/// 4,137-4,769 µs a file in the same boot (host load ~7.7; `docs/results.md`,
-/// twenty-first session). The module's requests moved far less (1.0-1.3x).
+/// against 3,889-4,048), and the bench's own cpu jobs 388-957, 1,538-2,294 and
+/// 4,137-6,027 µs a file in the same boot (host load ~7.7; `docs/results.md`,
+/// twenty-first session). The module's requests moved far less (1.0-1.7x).
 const RING_JOBS: usize = 64;
 
 /// Bytes of input in a point's ring, at most: fewer distinct requests at large sizes
