@@ -1,5 +1,5 @@
-//! Measuring: drives each engine's lanes directly, one request at a time (distinct
-//! requests in turn), at each probe size, then with more and more lanes in flight, then each `cpu`-kind engine
+//! Measuring: drives each engine's lanes directly, one request at a time, at each
+//! probe size, then with more and more lanes in flight, then each `cpu`-kind engine
 //! beside each other engine. No dispatcher, no policy: what is timed is the engines.
 
 use std::sync::mpsc;
@@ -67,21 +67,6 @@ const OFFLOAD_SIZE_PASSES: usize = 2;
 
 /// Job size of the lanes sweep: the file format's 16 KiB chunk, where offload matters.
 const LANES_LEN: usize = 16 * 1024;
-
-/// Distinct requests a point cycles through, at most: a run is many different files,
-/// and in the soft testbed guest one request repeated back to back is no measure of
-/// them. There, in three calibrations of one boot, the cpu's CBC encryption of the
-/// same 256-byte job again and again took 36-41 µs a request, a ring of 64 distinct
-/// jobs of that size 299-413 µs (1 KiB: 148-375 against 1,231-1,454 µs; 4 KiB: 656-862
-/// against 3,889-4,048), and the bench's own cpu jobs 388-957, 1,538-2,294 and
-/// 4,137-6,027 µs a file in the same boot (host load ~7.7; `docs/results.md`,
-/// twenty-first session). The module's requests moved far less (1.0-1.7x).
-const RING_JOBS: usize = 64;
-
-/// Bytes of input in a point's ring, at most: fewer distinct requests at large sizes
-/// (16 at 16 KiB, 4 at 64 KiB), so that making them stays a small part of a
-/// calibration on the testbed's weak CPU.
-const RING_BYTES: usize = 256 * 1024;
 
 /// Most lanes the sweep tries on an offload engine by default: past the two a device
 /// engine may run ([`crate::calibration::MAX_CHOSEN_LANES`]), so the store shows whether
@@ -372,13 +357,8 @@ pub fn measure(
         let key = key_of(&key_ids, pair.cipher.key_size);
         let mut points = Vec::new();
         for (k, &len) in pair.sizes.iter().enumerate() {
-            let point = probe_jobs(pair.cipher, pair.direction, key, &keys, len).and_then(|jobs| {
-                mix_point(
-                    [&engines[a], &engines[b]],
-                    &jobs,
-                    &keys,
-                    settings.point_time,
-                )
+            let point = probe_job(pair.cipher, pair.direction, key, &keys, len).and_then(|job| {
+                mix_point([&engines[a], &engines[b]], &job, &keys, settings.point_time)
             });
             match point {
                 Ok(p) => points.push(p),
@@ -460,8 +440,8 @@ fn again(
             let mut lane = engine.open_lane(0)?;
             for &(c, k, cipher, direction, len) in &todo {
                 let key = key_of(key_ids, cipher.key_size);
-                let jobs = probe_jobs(cipher, direction, key, keys, len)?;
-                let p = time_point(lane.as_mut(), &jobs, keys, settings.point_time)?;
+                let job = probe_job(cipher, direction, key, keys, len)?;
+                let p = time_point(lane.as_mut(), &job, keys, settings.point_time)?;
                 let _ = tx.send((c, k, p));
             }
             Ok::<(), Error>(())
@@ -555,9 +535,9 @@ impl Ctx<'_> {
         let key = key_of(self.key_ids, t.cipher.key_size);
         let mut points = Vec::new();
         for &len in &t.sizes {
-            let jobs = probe_jobs(t.cipher, t.direction, key, self.keys, len)
+            let job = probe_job(t.cipher, t.direction, key, self.keys, len)
                 .map_err(|e| (e, points.len()))?;
-            let point = time_point(lane.as_mut(), &jobs, self.keys, self.settings.point_time)
+            let point = time_point(lane.as_mut(), &job, self.keys, self.settings.point_time)
                 .map_err(|e| (e, points.len()))?;
             points.push(point);
             let _ = self
@@ -566,12 +546,12 @@ impl Ctx<'_> {
         }
         let (fixed, per_byte) = fit_points(&points);
         let done = points.len();
-        let jobs = probe_jobs(t.cipher, t.direction, key, self.keys, t.lanes_len)
-            .map_err(|e| (e, done))?;
+        let job =
+            probe_job(t.cipher, t.direction, key, self.keys, t.lanes_len).map_err(|e| (e, done))?;
         let mut lanes = Vec::new();
         for (k, &n) in sweep.iter().enumerate() {
             let bytes_per_second = self
-                .in_flight(n, lane, extra, &jobs)
+                .in_flight(n, lane, extra, &job)
                 .map_err(|e| (e, done + k))?;
             lanes.push(LanePoint {
                 lanes: n,
@@ -596,18 +576,18 @@ impl Ctx<'_> {
         })
     }
 
-    /// Bytes per second of `n` lanes each running `jobs` in turn, back to back, for the
-    /// point time: lane 0 on this thread, the others on threads of their own, started
+    /// Bytes per second of `n` lanes each running `job` back to back for the point
+    /// time: lane 0 on this thread, the others on threads of their own, started
     /// together.
     fn in_flight(
         &self,
         n: usize,
         lane: &mut Box<dyn Lane>,
         extra: &mut [Option<Box<dyn Lane>>],
-        jobs: &[Job],
+        job: &Job,
     ) -> Result<f64> {
         let time = self.settings.point_time;
-        warm_up(lane.as_mut(), jobs, self.keys)?;
+        warm_up(lane.as_mut(), job, self.keys)?;
         let start = Barrier::new(n);
         let results: Vec<Result<(usize, Duration)>> = std::thread::scope(|s| {
             let start = &start;
@@ -621,17 +601,16 @@ impl Ctx<'_> {
                             Some(lane) => Ok(lane),
                             None => self.engine.open_lane(i + 1).map(|l| slot.insert(l)),
                         };
-                        let ready = opened.and_then(|lane| {
-                            warm_up(lane.as_mut(), jobs, self.keys).map(|()| lane)
-                        });
+                        let ready = opened
+                            .and_then(|lane| warm_up(lane.as_mut(), job, self.keys).map(|()| lane));
                         // Every thread reaches the barrier, ready or not.
                         start.wait();
-                        run_for(ready?.as_mut(), jobs, self.keys, time)
+                        run_for(ready?.as_mut(), job, self.keys, time)
                     })
                 })
                 .collect();
             start.wait();
-            let mut results = vec![run_for(lane.as_mut(), jobs, self.keys, time)];
+            let mut results = vec![run_for(lane.as_mut(), job, self.keys, time)];
             results.extend(handles.into_iter().map(|h| {
                 h.join().unwrap_or_else(|_| {
                     Err(Error::EngineFailed {
@@ -642,16 +621,16 @@ impl Ctx<'_> {
             }));
             results
         });
-        let mut done = 0;
+        let mut jobs = 0;
         let mut longest = Duration::ZERO;
         for r in results {
-            let (n, took) = r?;
-            done += n;
+            let (done, took) = r?;
+            jobs += done;
             longest = longest.max(took);
         }
         let secs = longest.as_secs_f64();
         Ok(if secs > 0.0 {
-            (done * jobs[0].len()) as f64 / secs
+            (jobs * job.len()) as f64 / secs
         } else {
             0.0
         })
@@ -707,26 +686,26 @@ fn mix_plan(engines: &[EngineRef], plans: &[Vec<Todo>]) -> Vec<Pair> {
 /// Each of two engines alone, then both at once, every lane of each running `job`.
 fn mix_point(
     pair: [&EngineRef; 2],
-    jobs: &[Job],
+    job: &Job,
     keys: &KeyStore,
     time: Duration,
 ) -> Result<MixPoint> {
-    let a = run_lanes(&pair[..1], jobs, keys, time)?[0];
-    let b = run_lanes(&pair[1..], jobs, keys, time)?[0];
-    let both = run_lanes(&pair, jobs, keys, time)?;
+    let a = run_lanes(&pair[..1], job, keys, time)?[0];
+    let b = run_lanes(&pair[1..], job, keys, time)?[0];
+    let both = run_lanes(&pair, job, keys, time)?;
     Ok(MixPoint {
-        len: jobs[0].len(),
+        len: job.len(),
         alone: [a, b],
         together: [both[0], both[1]],
     })
 }
 
-/// Bytes per second of each engine of `engines` with every lane of each running `jobs`
-/// in turn, back to back, until one deadline, all started together (each lane opened, and warmed
+/// Bytes per second of each engine of `engines` with every lane of each running `job`
+/// back to back until one deadline, all started together (each lane opened, and warmed
 /// up, on its own thread first).
 fn run_lanes(
     engines: &[&EngineRef],
-    jobs: &[Job],
+    job: &Job,
     keys: &KeyStore,
     time: Duration,
 ) -> Result<Vec<f64>> {
@@ -745,11 +724,11 @@ fn run_lanes(
                 s.spawn(move || {
                     let ready = engine
                         .open_lane(i)
-                        .and_then(|mut lane| warm_up(lane.as_mut(), jobs, keys).map(|()| lane));
+                        .and_then(|mut lane| warm_up(lane.as_mut(), job, keys).map(|()| lane));
                     // Every thread reaches the barrier, ready or not.
                     start.wait();
                     let deadline = Instant::now() + time;
-                    ready.and_then(|mut lane| run_until(lane.as_mut(), jobs, keys, deadline))
+                    ready.and_then(|mut lane| run_until(lane.as_mut(), job, keys, deadline))
                 })
             })
             .collect();
@@ -767,20 +746,20 @@ fn run_lanes(
             })
             .collect()
     });
-    let mut done = vec![0usize; engines.len()];
+    let mut jobs = vec![0usize; engines.len()];
     let mut took = vec![Duration::ZERO; engines.len()];
     for (g, r) in ran {
         let (n, t) = r?;
-        done[g] += n;
+        jobs[g] += n;
         took[g] = took[g].max(t);
     }
-    Ok(done
+    Ok(jobs
         .iter()
         .zip(&took)
         .map(|(&n, t)| {
             let secs = t.as_secs_f64();
             if secs > 0.0 {
-                (n * jobs[0].len()) as f64 / secs
+                (n * job.len()) as f64 / secs
             } else {
                 0.0
             }
@@ -788,76 +767,39 @@ fn run_lanes(
         .collect())
 }
 
-/// Runs `jobs` in turn, back to back, until `deadline` (once at least): requests done
-/// and the time they took. Side by side, every lane runs to the same deadline, so no
-/// engine's rate is measured partly alone.
+/// Runs `job` back to back until `deadline` (once at least): requests done and the
+/// time they took. Side by side, every lane runs to the same deadline, so no engine's
+/// rate is measured partly alone.
 fn run_until(
     lane: &mut dyn Lane,
-    jobs: &[Job],
+    job: &Job,
     keys: &KeyStore,
     deadline: Instant,
 ) -> Result<(usize, Duration)> {
-    let mut ring = Ring::new(jobs);
+    let mut out = JobOutput::default();
     let start = Instant::now();
+    let mut jobs = 0;
     loop {
-        ring.run(lane, keys)?;
+        lane.run(job, keys, &mut out)?;
+        jobs += 1;
         let now = Instant::now();
         if now >= deadline {
-            return Ok((ring.done, now - start));
+            return Ok((jobs, now - start));
         }
     }
 }
 
-/// The distinct jobs of `len` bytes a point cycles through: [`RING_JOBS`], or fewer
-/// where they would hold more than [`RING_BYTES`] (one at least).
-fn probe_jobs(
-    cipher: Cipher,
-    direction: Direction,
-    key: KeyId,
-    keys: &KeyStore,
-    len: usize,
-) -> Result<Vec<Job>> {
-    let count = (RING_BYTES / len.max(1)).clamp(1, RING_JOBS);
-    let mut input = vec![0u8; len];
-    openssl::rand::rand_bytes(&mut input)?;
-    let mut state = 0;
-    (0..count)
-        .map(|_| {
-            // Each job's input is the random one with a stream of its own xored in:
-            // distinct contents in distinct buffers, without asking OpenSSL's generator
-            // (slow on the testbed's CPU) for the whole ring.
-            // A word of the stream per 8 bytes, not per byte: a calibration makes
-            // ~100 rings, on a CPU as slow as the testbed guest's.
-            let mut own = input.clone();
-            for chunk in own.chunks_mut(8) {
-                state = splitmix64(state);
-                for (b, s) in chunk.iter_mut().zip(state.to_le_bytes()) {
-                    *b ^= s;
-                }
-            }
-            probe_job(cipher, direction, key, keys, own)
-        })
-        .collect()
-}
-
-/// One step of SplitMix64 (Steele, Lea and Flood 2014): a cheap stream of well-mixed
-/// words, which is all the ring's inputs need (they are not secrets).
-fn splitmix64(state: u64) -> u64 {
-    let mut z = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A job for the probe with this input and a random IV; for GCM decryption, the input
-/// sealed by OpenSSL with its tag (GCM checks it).
+/// A job of `len` bytes for the probe: random input; for decryption, real ciphertext
+/// with its tag (GCM checks it), sealed by OpenSSL.
 fn probe_job(
     cipher: Cipher,
     direction: Direction,
     key: KeyId,
     keys: &KeyStore,
-    input: Vec<u8>,
+    len: usize,
 ) -> Result<Job> {
+    let mut input = vec![0u8; len];
+    openssl::rand::rand_bytes(&mut input)?;
     let mut iv = vec![0u8; cipher.iv_len()];
     openssl::rand::rand_bytes(&mut iv)?;
     let mut job = Job::with_iv(cipher, direction, key, &iv, input)?;
@@ -877,76 +819,54 @@ fn probe_job(
     Ok(job)
 }
 
-/// A point's jobs run in turn, each into an output of its own, as a run's files are.
-struct Ring<'a> {
-    jobs: &'a [Job],
-    outs: Vec<JobOutput>,
-    /// Requests run so far.
-    done: usize,
-}
-
-impl<'a> Ring<'a> {
-    fn new(jobs: &'a [Job]) -> Self {
-        Ring {
-            jobs,
-            outs: jobs.iter().map(|_| JobOutput::default()).collect(),
-            done: 0,
-        }
-    }
-
-    /// Runs the next job of the ring.
-    fn run(&mut self, lane: &mut dyn Lane, keys: &KeyStore) -> Result<()> {
-        let k = self.done % self.jobs.len();
-        self.done += 1;
-        lane.run(&self.jobs[k], keys, &mut self.outs[k])
-    }
-}
-
-/// Runs `jobs` in turn untimed, [`WARM_UP_JOBS`] times and for [`WARM_UP_TIME`] at
-/// least.
-fn warm_up(lane: &mut dyn Lane, jobs: &[Job], keys: &KeyStore) -> Result<()> {
-    let mut ring = Ring::new(jobs);
+/// Runs `job` untimed, [`WARM_UP_JOBS`] times and for [`WARM_UP_TIME`] at least.
+fn warm_up(lane: &mut dyn Lane, job: &Job, keys: &KeyStore) -> Result<()> {
+    let mut out = JobOutput::default();
     let start = Instant::now();
-    while ring.done < WARM_UP_JOBS || start.elapsed() < WARM_UP_TIME {
-        ring.run(lane, keys)?;
+    let mut jobs = 0;
+    while jobs < WARM_UP_JOBS || start.elapsed() < WARM_UP_TIME {
+        lane.run(job, keys, &mut out)?;
+        jobs += 1;
     }
     Ok(())
 }
 
-/// Runs `jobs` in turn, back to back, for `time`: requests done and the time they took.
+/// Runs `job` back to back for `time`: requests done and the time they took.
 fn run_for(
     lane: &mut dyn Lane,
-    jobs: &[Job],
+    job: &Job,
     keys: &KeyStore,
     time: Duration,
 ) -> Result<(usize, Duration)> {
-    let mut ring = Ring::new(jobs);
+    let mut out = JobOutput::default();
     let start = Instant::now();
+    let mut jobs = 0;
     loop {
-        ring.run(lane, keys)?;
+        lane.run(job, keys, &mut out)?;
+        jobs += 1;
         let took = start.elapsed();
-        if (took >= time && ring.done >= MIN_JOBS) || ring.done >= MAX_JOBS {
-            return Ok((ring.done, took));
+        if (took >= time && jobs >= MIN_JOBS) || jobs >= MAX_JOBS {
+            return Ok((jobs, took));
         }
     }
 }
 
-/// One lane, one request at a time, `jobs` in turn: the median wall time of a request
-/// and its mean CPU time on the lane's thread.
+/// One lane, one request at a time: the median wall time of a request and its mean
+/// CPU time on the lane's thread.
 fn time_point(
     lane: &mut dyn Lane,
-    jobs: &[Job],
+    job: &Job,
     keys: &KeyStore,
     time: Duration,
 ) -> Result<SizePoint> {
-    warm_up(lane, jobs, keys)?;
-    let mut ring = Ring::new(jobs);
+    warm_up(lane, job, keys)?;
+    let mut out = JobOutput::default();
     let mut walls: Vec<f64> = Vec::new();
     let cpu_start = thread_cpu_time();
     let start = Instant::now();
     loop {
         let t = Instant::now();
-        ring.run(lane, keys)?;
+        lane.run(job, keys, &mut out)?;
         walls.push(t.elapsed().as_secs_f64());
         if (walls.len() >= MIN_JOBS && start.elapsed() >= time) || walls.len() >= MAX_JOBS {
             break;
@@ -955,7 +875,7 @@ fn time_point(
     let cpu = thread_cpu_time().saturating_sub(cpu_start).as_secs_f64() / walls.len() as f64;
     walls.sort_by(f64::total_cmp);
     Ok(SizePoint {
-        len: jobs[0].len(),
+        len: job.len(),
         wall: walls[walls.len() / 2],
         cpu,
         jobs: u32::try_from(walls.len()).unwrap_or(u32::MAX),
@@ -1121,88 +1041,6 @@ mod tests {
             out.data = job.input.to_vec();
             Ok(())
         }
-    }
-
-    /// An engine whose request is slow on an input other than its previous one and
-    /// fast on the same input again: the soft testbed guest's cpu, where one job
-    /// repeated ran 8x faster than the distinct files of a run.
-    struct Fresh;
-
-    /// What a request on an input other than the previous one takes.
-    const FRESH: Duration = Duration::from_millis(2);
-
-    impl crate::engine::Engine for Fresh {
-        fn name(&self) -> &str {
-            "fresh"
-        }
-
-        fn info(&self) -> crate::engine::EngineInfo {
-            crate::engine::EngineInfo {
-                name: "fresh".into(),
-                kind: EngineKind::Cpu,
-                lanes: 1,
-                ciphers: Vec::new(),
-            }
-        }
-
-        fn lanes(&self) -> usize {
-            1
-        }
-
-        fn supports(&self, cipher: Cipher, direction: Direction) -> bool {
-            cipher == Cipher::AES_128_CBC && direction == Direction::Encrypt
-        }
-
-        fn open_lane(&self, _: usize) -> Result<Box<dyn Lane>> {
-            Ok(Box::new(FreshLane { last: Vec::new() }))
-        }
-    }
-
-    struct FreshLane {
-        last: Vec<u8>,
-    }
-
-    impl Lane for FreshLane {
-        fn run(&mut self, job: &Job, _: &KeyStore, out: &mut JobOutput) -> Result<()> {
-            if job.input != self.last {
-                std::thread::sleep(FRESH);
-                self.last.clone_from(&job.input);
-            }
-            out.data = job.input.to_vec();
-            Ok(())
-        }
-    }
-
-    /// A point is timed over distinct requests, as a run's files are, not one request
-    /// again and again: an engine that is fast only on a repeated input is stored at
-    /// its cost on a new one, at every size and in the lanes sweep.
-    #[test]
-    fn points_are_timed_over_distinct_requests() {
-        let engine: EngineRef = std::sync::Arc::new(Fresh);
-        let settings = Settings {
-            ciphers: vec![Cipher::AES_128_CBC],
-            sizes: vec![256, 4096],
-            point_time: Duration::from_millis(1),
-            lanes_len: 4096,
-            offload_lanes: 1,
-            mixes: false,
-        };
-        let cal = measure(&[engine], &settings, &mut |_| {}).unwrap();
-        let class = &cal.engines[0].classes[0];
-        for p in &class.points {
-            assert!(p.wall >= FRESH.as_secs_f64(), "{p:?}");
-        }
-        let most = 4096.0 / FRESH.as_secs_f64();
-        assert!(class.lanes[0].bytes_per_second <= most, "{class:?}");
-        // The ring: as many distinct jobs as fit, one at least.
-        let keys = KeyStore::new();
-        let key = keys.add(Key::new(vec![7; 16])).unwrap();
-        let ring = |len| probe_jobs(Cipher::AES_128_CBC, Direction::Encrypt, key, &keys, len);
-        assert_eq!(ring(256).unwrap().len(), RING_JOBS);
-        assert_eq!(ring(16 * 1024).unwrap().len(), RING_BYTES / (16 * 1024));
-        assert_eq!(ring(4 * RING_BYTES).unwrap().len(), 1);
-        let jobs = ring(256).unwrap();
-        assert!(jobs.iter().skip(1).all(|j| j.input != jobs[0].input));
     }
 
     /// A busy spell over an offload engine's first pass does not reach the store: its

@@ -168,7 +168,7 @@ pub struct ClassCalibration {
 pub struct SizePoint {
     /// Job length, bytes.
     pub len: usize,
-    /// Median wall time of one request, seconds, over distinct requests run in turn.
+    /// Median wall time of one request, seconds.
     pub wall: f64,
     /// Mean CPU time of the lane's thread per request, seconds (about `wall` for
     /// software; a module's lane mostly waits, so far less).
