@@ -655,4 +655,115 @@ mod tests {
             );
         }
     }
+
+    /// A stream with only the methods [`Stream`] requires: `left` AES-128-CTR jobs of
+    /// 100 bytes under a key of its own, the lengths of the outputs it accepted.
+    #[derive(Default)]
+    struct Plain {
+        key: Option<KeyId>,
+        left: usize,
+        accepted: Vec<usize>,
+        finished: bool,
+    }
+
+    impl Stream for Plain {
+        fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+            if self.left == 0 {
+                return Ok(None);
+            }
+            let key = match self.key {
+                Some(key) => key,
+                None => *self
+                    .key
+                    .insert(dispatcher.add_key(hetcrypt::Key::new(vec![3; 16]))?),
+            };
+            self.left -= 1;
+            let (cipher, direction) = (hetcrypt::Cipher::AES_128_CTR, hetcrypt::Direction::Encrypt);
+            Ok(Some(Job::with_iv(
+                cipher,
+                direction,
+                key,
+                &[0; 16],
+                vec![1; 100],
+            )?))
+        }
+
+        fn accept_reusing(
+            &mut self,
+            output: hetcrypt::Result<JobOutput>,
+            _spare: &mut Vec<JobOutput>,
+        ) -> Result<()> {
+            self.accepted.push(output?.data.len());
+            Ok(())
+        }
+
+        fn finish(&mut self) -> Result<()> {
+            self.finished = true;
+            Ok(())
+        }
+    }
+
+    /// The streams that came through, and the batches told.
+    #[derive(Default)]
+    struct Done {
+        streams: Vec<Plain>,
+        batches: u64,
+    }
+
+    impl Observer<Plain> for Done {
+        fn done(&mut self, stream: Plain, result: Result<()>) {
+            result.unwrap();
+            self.streams.push(stream);
+        }
+        fn batch(&mut self, _report: &Report) {
+            self.batches += 1;
+        }
+    }
+
+    /// A stream that keeps `Stream`'s default methods goes through a pipeline whole:
+    /// `next_job_into` hands out its `next_job`s, and `accept` reaches `accept_reusing`.
+    /// The run's stats count every batch and job.
+    #[test]
+    fn a_stream_with_the_default_methods_goes_through_and_the_stats_count_it() {
+        let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+        let policy = hetcrypt::policy::Pull;
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(4);
+        let streams = (0..3).map(|_| Plain {
+            left: 5,
+            ..Plain::default()
+        });
+        let mut done = Done::default();
+        pipeline.run(streams, &mut done).unwrap();
+        assert_eq!(done.streams.len(), 3);
+        for s in &done.streams {
+            assert_eq!((s.accepted.as_slice(), s.finished), (&[100; 5][..], true));
+        }
+        let stats = pipeline.stats();
+        assert_eq!(
+            (stats.batches, stats.jobs, stats.bytes),
+            (done.batches, 15, 1500)
+        );
+        assert!(
+            stats.batches >= 4,
+            "{} batches of at most 4 jobs",
+            stats.batches
+        );
+        let mut plain = Plain::default();
+        let output = JobOutput {
+            data: vec![0; 7],
+            ..JobOutput::default()
+        };
+        plain.accept(Ok(output)).unwrap();
+        assert_eq!(plain.accepted, [7]);
+    }
+
+    /// Messages of two chunks each are small ones: their batches run in-line, on one
+    /// lane ([`IN_LINE_MESSAGE_BYTES`]); of three chunks, on every lane.
+    #[test]
+    fn two_chunk_messages_are_small_and_three_chunk_ones_large() {
+        let two = lanes_per_batch(24, 2 * CHUNK_SIZE);
+        assert!(two.len() >= 2 && two.iter().all(|&l| l == 1), "{two:?}");
+        let three = lanes_per_batch(24, 3 * CHUNK_SIZE);
+        assert!(three.iter().any(|&l| l == 2), "{three:?}");
+    }
 }
