@@ -657,11 +657,12 @@ mod tests {
     }
 
     /// A stream with only the methods [`Stream`] requires: `left` AES-128-CTR jobs of
-    /// 100 bytes under a key of its own, the lengths of the outputs it accepted.
+    /// `len` bytes under a key of its own, the lengths of the outputs it accepted.
     #[derive(Default)]
     struct Plain {
         key: Option<KeyId>,
         left: usize,
+        len: usize,
         accepted: Vec<usize>,
         finished: bool,
     }
@@ -684,7 +685,7 @@ mod tests {
                 direction,
                 key,
                 &[0; 16],
-                vec![1; 100],
+                vec![1; self.len],
             )?))
         }
 
@@ -730,6 +731,7 @@ mod tests {
         let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(4);
         let streams = (0..3).map(|_| Plain {
             left: 5,
+            len: 100,
             ..Plain::default()
         });
         let mut done = Done::default();
@@ -748,6 +750,16 @@ mod tests {
             "{} batches of at most 4 jobs",
             stats.batches
         );
+        assert!(stats.crypto_s > 0.0 && stats.redispatched == 0);
+        assert_eq!(stats.engines.len(), 1, "{:?}", stats.engines);
+        let cpu = &stats.engines[0];
+        assert_eq!((cpu.name.as_str(), cpu.jobs, cpu.bytes), ("cpu", 15, 1500));
+        assert!(cpu.busy_s > 0.0 && cpu.failed.is_none());
+        let debug = format!("{pipeline:?}");
+        assert!(
+            debug.starts_with("Pipeline") && debug.contains("pull"),
+            "{debug}"
+        );
         let mut plain = Plain::default();
         let output = JobOutput {
             data: vec![0; 7],
@@ -755,6 +767,40 @@ mod tests {
         };
         plain.accept(Ok(output)).unwrap();
         assert_eq!(plain.accepted, [7]);
+    }
+
+    /// Jobs that an engine failed on run again on another, and the stats say so: the
+    /// moved jobs, and which engine failed.
+    #[test]
+    fn the_stats_count_redispatched_jobs_and_the_failed_engine() {
+        use hetcrypt::engine::fault::{Fault, FaultyEngine};
+        let flaky = CpuEngine::with_lanes(1).into_engine();
+        let engines = vec![
+            FaultyEngine::new("flaky", flaky, Fault::AfterJobs(3)).into_engine(),
+            CpuEngine::with_lanes(1).into_engine(),
+        ];
+        // Every job to the flaky engine until it fails, then to the other.
+        let policy = hetcrypt::policy::Only::new("flaky");
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(8);
+        let streams = (0..4).map(|_| Plain {
+            left: 10,
+            len: CHUNK_SIZE,
+            ..Plain::default()
+        });
+        let mut done = Done::default();
+        pipeline.run(streams, &mut done).unwrap();
+        assert!(done.streams.iter().all(|s| s.accepted == [CHUNK_SIZE; 10]));
+        let stats = pipeline.stats();
+        assert_eq!(stats.jobs, 40);
+        assert!(stats.redispatched > 0, "{stats:?}");
+        let flaky = stats
+            .engines
+            .iter()
+            .find(|e| e.name == "flaky")
+            .expect("flaky");
+        assert!(flaky.jobs == 3 && flaky.failed.is_some(), "{stats:?}");
+        let jobs: u64 = stats.engines.iter().map(|e| e.jobs).sum();
+        assert_eq!(jobs, 40, "{stats:?}");
     }
 
     /// Messages of two chunks each are small ones: their batches run in-line, on one
