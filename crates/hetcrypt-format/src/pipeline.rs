@@ -769,6 +769,62 @@ mod tests {
         assert_eq!(plain.accepted, [7]);
     }
 
+    /// [`Plain`], and the most emptied input buffers the pipeline offered it.
+    struct Watching {
+        inner: Plain,
+        most: std::rc::Rc<std::cell::Cell<usize>>,
+    }
+
+    impl Stream for Watching {
+        fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+            self.inner.next_job(dispatcher)
+        }
+
+        fn next_job_into(
+            &mut self,
+            dispatcher: &Dispatcher,
+            buffers: &mut Vec<Vec<u8>>,
+        ) -> Result<Option<Job>> {
+            self.most.set(self.most.get().max(buffers.len()));
+            self.inner.next_job(dispatcher)
+        }
+
+        fn accept_reusing(
+            &mut self,
+            output: hetcrypt::Result<JobOutput>,
+            spare: &mut Vec<JobOutput>,
+        ) -> Result<()> {
+            self.inner.accept_reusing(output, spare)
+        }
+
+        fn finish(&mut self) -> Result<()> {
+            self.inner.finish()
+        }
+    }
+
+    /// The pipeline keeps the input buffers of batches that ran for the streams to read
+    /// into, at most a window of them, however many batches run and whether or not the
+    /// streams take them (these never do).
+    #[test]
+    fn the_pipeline_keeps_at_most_a_window_of_input_buffers() {
+        let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+        let policy = hetcrypt::policy::Pull;
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(4);
+        let most = std::rc::Rc::new(std::cell::Cell::new(0));
+        let streams = (0..3).map(|_| Watching {
+            inner: Plain {
+                left: 20,
+                len: 100,
+                ..Plain::default()
+            },
+            most: std::rc::Rc::clone(&most),
+        });
+        let mut lanes = Lanes::default();
+        pipeline.run(streams, &mut lanes).unwrap();
+        assert_eq!(lanes.ok, 3);
+        assert_eq!(most.get(), 4, "a window of buffers, no more");
+    }
+
     /// Jobs that an engine failed on run again on another, and the stats say so: the
     /// moved jobs, and which engine failed.
     #[test]
