@@ -1475,6 +1475,26 @@ mod tests {
         assert!(!s.held(0), "the checker failed");
     }
 
+    /// Starting an engine's lanes costs [`LANE_START`] while the batch is planned, and
+    /// during it for an engine left out (its lanes not started), nothing for one whose
+    /// lanes run.
+    #[test]
+    fn only_lanes_not_started_cost_a_start() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([256; 400]);
+        let mut s = schedule(&flat_store(0.5e-3, 1e-3), &jobs, &engines, &lanes, 1);
+        s.check_due.fill(false);
+        let start = LANE_START.as_secs_f64();
+        assert_eq!(
+            (s.start_cost(0), s.start_cost(1)),
+            (start, start),
+            "planning"
+        );
+        s.leave_out_idle_engines();
+        assert_eq!(s.engines_needed(), EngineMask(1));
+        assert_eq!((s.start_cost(0), s.start_cost(1)), (0.0, start));
+    }
+
     /// A right store (the cpu 0.5 ms a job, the module 1 ms) is not spoiled by the
     /// check: the module measures the class alone once, [`model::CHECK_PULLS`] jobs,
     /// then the cpu runs every other job, and the next batches run the cpu alone (the
