@@ -655,4 +655,217 @@ mod tests {
             );
         }
     }
+
+    /// A stream with only the methods [`Stream`] requires: `left` AES-128-CTR jobs of
+    /// `len` bytes under a key of its own, the lengths of the outputs it accepted.
+    #[derive(Default)]
+    struct Plain {
+        key: Option<KeyId>,
+        left: usize,
+        len: usize,
+        accepted: Vec<usize>,
+        finished: bool,
+    }
+
+    impl Stream for Plain {
+        fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+            if self.left == 0 {
+                return Ok(None);
+            }
+            let key = match self.key {
+                Some(key) => key,
+                None => *self
+                    .key
+                    .insert(dispatcher.add_key(hetcrypt::Key::new(vec![3; 16]))?),
+            };
+            self.left -= 1;
+            let (cipher, direction) = (hetcrypt::Cipher::AES_128_CTR, hetcrypt::Direction::Encrypt);
+            Ok(Some(Job::with_iv(
+                cipher,
+                direction,
+                key,
+                &[0; 16],
+                vec![1; self.len],
+            )?))
+        }
+
+        fn accept_reusing(
+            &mut self,
+            output: hetcrypt::Result<JobOutput>,
+            _spare: &mut Vec<JobOutput>,
+        ) -> Result<()> {
+            self.accepted.push(output?.data.len());
+            Ok(())
+        }
+
+        fn finish(&mut self) -> Result<()> {
+            self.finished = true;
+            Ok(())
+        }
+    }
+
+    /// The streams that came through, and the batches told.
+    #[derive(Default)]
+    struct Done {
+        streams: Vec<Plain>,
+        batches: u64,
+    }
+
+    impl Observer<Plain> for Done {
+        fn done(&mut self, stream: Plain, result: Result<()>) {
+            result.unwrap();
+            self.streams.push(stream);
+        }
+        fn batch(&mut self, _report: &Report) {
+            self.batches += 1;
+        }
+    }
+
+    /// A stream that keeps `Stream`'s default methods goes through a pipeline whole:
+    /// `next_job_into` hands out its `next_job`s, and `accept` reaches `accept_reusing`.
+    /// The run's stats count every batch and job.
+    #[test]
+    fn a_stream_with_the_default_methods_goes_through_and_the_stats_count_it() {
+        let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+        let policy = hetcrypt::policy::Pull;
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(4);
+        let streams = (0..3).map(|_| Plain {
+            left: 5,
+            len: 100,
+            ..Plain::default()
+        });
+        let mut done = Done::default();
+        pipeline.run(streams, &mut done).unwrap();
+        assert_eq!(done.streams.len(), 3);
+        for s in &done.streams {
+            assert_eq!((s.accepted.as_slice(), s.finished), (&[100; 5][..], true));
+        }
+        let stats = pipeline.stats();
+        assert_eq!(
+            (stats.batches, stats.jobs, stats.bytes),
+            (done.batches, 15, 1500)
+        );
+        assert!(
+            stats.batches >= 4,
+            "{} batches of at most 4 jobs",
+            stats.batches
+        );
+        assert!(stats.crypto_s > 0.0 && stats.redispatched == 0);
+        assert_eq!(stats.engines.len(), 1, "{:?}", stats.engines);
+        let cpu = &stats.engines[0];
+        assert_eq!((cpu.name.as_str(), cpu.jobs, cpu.bytes), ("cpu", 15, 1500));
+        assert!(cpu.busy_s > 0.0 && cpu.failed.is_none());
+        let debug = format!("{pipeline:?}");
+        assert!(
+            debug.starts_with("Pipeline") && debug.contains("pull"),
+            "{debug}"
+        );
+        let mut plain = Plain::default();
+        let output = JobOutput {
+            data: vec![0; 7],
+            ..JobOutput::default()
+        };
+        plain.accept(Ok(output)).unwrap();
+        assert_eq!(plain.accepted, [7]);
+    }
+
+    /// [`Plain`], and the most emptied input buffers the pipeline offered it.
+    struct Watching {
+        inner: Plain,
+        most: std::rc::Rc<std::cell::Cell<usize>>,
+    }
+
+    impl Stream for Watching {
+        fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+            self.inner.next_job(dispatcher)
+        }
+
+        fn next_job_into(
+            &mut self,
+            dispatcher: &Dispatcher,
+            buffers: &mut Vec<Vec<u8>>,
+        ) -> Result<Option<Job>> {
+            self.most.set(self.most.get().max(buffers.len()));
+            self.inner.next_job(dispatcher)
+        }
+
+        fn accept_reusing(
+            &mut self,
+            output: hetcrypt::Result<JobOutput>,
+            spare: &mut Vec<JobOutput>,
+        ) -> Result<()> {
+            self.inner.accept_reusing(output, spare)
+        }
+
+        fn finish(&mut self) -> Result<()> {
+            self.inner.finish()
+        }
+    }
+
+    /// The pipeline keeps the input buffers of batches that ran for the streams to read
+    /// into, at most a window of them, however many batches run and whether or not the
+    /// streams take them (these never do).
+    #[test]
+    fn the_pipeline_keeps_at_most_a_window_of_input_buffers() {
+        let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+        let policy = hetcrypt::policy::Pull;
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(4);
+        let most = std::rc::Rc::new(std::cell::Cell::new(0));
+        let streams = (0..3).map(|_| Watching {
+            inner: Plain {
+                left: 20,
+                len: 100,
+                ..Plain::default()
+            },
+            most: std::rc::Rc::clone(&most),
+        });
+        let mut lanes = Lanes::default();
+        pipeline.run(streams, &mut lanes).unwrap();
+        assert_eq!(lanes.ok, 3);
+        assert_eq!(most.get(), 4, "a window of buffers, no more");
+    }
+
+    /// Jobs that an engine failed on run again on another, and the stats say so: the
+    /// moved jobs, and which engine failed.
+    #[test]
+    fn the_stats_count_redispatched_jobs_and_the_failed_engine() {
+        use hetcrypt::engine::fault::{Fault, FaultyEngine};
+        let flaky = CpuEngine::with_lanes(1).into_engine();
+        let engines = vec![
+            FaultyEngine::new("flaky", flaky, Fault::AfterJobs(3)).into_engine(),
+            CpuEngine::with_lanes(1).into_engine(),
+        ];
+        // Every job to the flaky engine until it fails, then to the other.
+        let policy = hetcrypt::policy::Only::new("flaky");
+        let mut pipeline = Pipeline::new(engines, &policy).unwrap().window(8);
+        let streams = (0..4).map(|_| Plain {
+            left: 10,
+            len: CHUNK_SIZE,
+            ..Plain::default()
+        });
+        let mut done = Done::default();
+        pipeline.run(streams, &mut done).unwrap();
+        assert!(done.streams.iter().all(|s| s.accepted == [CHUNK_SIZE; 10]));
+        let stats = pipeline.stats();
+        assert_eq!(stats.jobs, 40);
+        assert!(stats.redispatched > 0, "{stats:?}");
+        let flaky = stats
+            .engines
+            .iter()
+            .find(|e| e.name == "flaky")
+            .expect("flaky");
+        assert!(flaky.jobs == 3 && flaky.failed.is_some(), "{stats:?}");
+        let jobs: u64 = stats.engines.iter().map(|e| e.jobs).sum();
+        assert_eq!(jobs, 40, "{stats:?}");
+    }
+
+    /// Messages of two chunks each are small ones: their batches run in-line, on one
+    /// lane ([`IN_LINE_MESSAGE_BYTES`]); of three chunks, on every lane.
+    #[test]
+    fn two_chunk_messages_are_small_and_three_chunk_ones_large() {
+        let two = lanes_per_batch(24, 2 * CHUNK_SIZE);
+        assert!(two.len() >= 2 && two.iter().all(|&l| l == 1), "{two:?}");
+        let three = lanes_per_batch(24, 3 * CHUNK_SIZE);
+        assert!(three.iter().any(|&l| l == 2), "{three:?}");
+    }
 }

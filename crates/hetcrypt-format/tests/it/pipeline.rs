@@ -384,22 +384,25 @@ fn small_messages(n: usize) -> Vec<Vec<u8>> {
 #[test]
 fn a_panic_on_the_engines_thread_reaches_the_caller() {
     let key = [7u8; 16];
-    let pts = small_messages(20);
-    let policy = FailingPolicy::new(4, true);
-    let streams = pts
-        .iter()
-        .map(|pt| EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm)));
-    let mut results = Results(Vec::new());
-    let mut p = Pipeline::new(common::cpu(), &policy).unwrap().window(2);
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        p.run(streams, &mut results)
-    }));
-    let payload = run.expect_err("the panic reaches the caller");
-    assert_eq!(
-        payload.downcast_ref::<&str>(),
-        Some(&"the policy panicked on purpose")
-    );
-    assert_eq!(policy.plans.load(std::sync::atomic::Ordering::SeqCst), 4);
+    // Small messages' batches run in-line on the caller's thread; large ones (here 8
+    // chunks each, 4 a batch) on the engines' thread.
+    for pts in [small_messages(20), vec![vec![5u8; 8 * CHUNK_SIZE]; 3]] {
+        let policy = FailingPolicy::new(4, true);
+        let streams = pts.iter().map(|pt| {
+            EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm))
+        });
+        let mut results = Results(Vec::new());
+        let mut p = Pipeline::new(common::cpu(), &policy).unwrap().window(4);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.run(streams, &mut results)
+        }));
+        let payload = run.expect_err("the panic reaches the caller");
+        assert_eq!(
+            payload.downcast_ref::<&str>(),
+            Some(&"the policy panicked on purpose")
+        );
+        assert_eq!(policy.plans.load(std::sync::atomic::Ordering::SeqCst), 4);
+    }
 }
 
 /// A batch that cannot be planned ends the run with the error and the streams in

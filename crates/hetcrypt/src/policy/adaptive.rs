@@ -1458,6 +1458,43 @@ mod tests {
         assert_eq!(s.engines_needed(), EngineMask(1));
     }
 
+    /// While an engine re-measures a class alone, the other engines' lanes are held
+    /// (they wait) and the checker's are not; not while the batch is being planned, and
+    /// no longer once the checker has no lanes (it failed).
+    #[test]
+    fn a_check_holds_the_other_engines_lanes_while_the_checker_has_lanes() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([256; 400]);
+        let mut s = schedule(&flat_store(1e-3, 2e-3), &jobs, &engines, &lanes, 1);
+        assert!(!s.held(0) && !s.held(1), "planning");
+        s.leave_out_idle_engines();
+        assert_eq!(s.checker.load(Ordering::Relaxed), 2, "the module checks");
+        assert!(s.held(0) && !s.held(1));
+        assert_eq!(decide(&s, 0), Decision::Wait);
+        s.engine_failed(1);
+        assert!(!s.held(0), "the checker failed");
+    }
+
+    /// Starting an engine's lanes costs [`LANE_START`] while the batch is planned, and
+    /// during it for an engine left out (its lanes not started), nothing for one whose
+    /// lanes run.
+    #[test]
+    fn only_lanes_not_started_cost_a_start() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([256; 400]);
+        let mut s = schedule(&flat_store(0.5e-3, 1e-3), &jobs, &engines, &lanes, 1);
+        s.check_due.fill(false);
+        let start = LANE_START.as_secs_f64();
+        assert_eq!(
+            (s.start_cost(0), s.start_cost(1)),
+            (start, start),
+            "planning"
+        );
+        s.leave_out_idle_engines();
+        assert_eq!(s.engines_needed(), EngineMask(1));
+        assert_eq!((s.start_cost(0), s.start_cost(1)), (0.0, start));
+    }
+
     /// A right store (the cpu 0.5 ms a job, the module 1 ms) is not spoiled by the
     /// check: the module measures the class alone once, [`model::CHECK_PULLS`] jobs,
     /// then the cpu runs every other job, and the next batches run the cpu alone (the
