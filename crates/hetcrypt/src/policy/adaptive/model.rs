@@ -510,6 +510,23 @@ mod tests {
         assert!((e.cost().unwrap().wall - (before + 0.01) / 2.0).abs() < 1e-12);
     }
 
+    /// A sample measured alone more than [`FAST_DOWN`] times below the estimate
+    /// replaces it; one at exactly that ratio, or above, is averaged in as any sample.
+    #[test]
+    fn a_check_far_below_replaces_the_estimate_and_any_other_is_averaged() {
+        let checked = |wall: f64| {
+            let mut e = Estimate::seeded(3.0, 3.0);
+            e.check(wall, wall);
+            e.cost().expect("seeded").wall
+        };
+        // Settled (WINDOW samples): a sample counts 1/WINDOW.
+        let averaged = |wall: f64| 3.0 + (wall - 3.0) / f64::from(WINDOW);
+        assert_eq!(checked(1.0), 1.0);
+        assert_eq!(checked(3.0 / FAST_DOWN), averaged(3.0 / FAST_DOWN));
+        assert_eq!(checked(2.5), averaged(2.5));
+        assert_eq!(checked(4.0), averaged(4.0));
+    }
+
     #[test]
     fn estimate_discards_warm_up_then_averages() {
         let mut e = Estimate::default();
