@@ -825,6 +825,67 @@ mod tests {
         assert_eq!(most.get(), 4, "a window of buffers, no more");
     }
 
+    /// [`Plain`], logging `n` for each job handed out and `a` for each output accepted.
+    struct Logged {
+        inner: Plain,
+        log: std::rc::Rc<std::cell::RefCell<Vec<char>>>,
+    }
+
+    impl Stream for Logged {
+        fn next_job(&mut self, dispatcher: &Dispatcher) -> Result<Option<Job>> {
+            let job = self.inner.next_job(dispatcher)?;
+            if job.is_some() {
+                self.log.borrow_mut().push('n');
+            }
+            Ok(job)
+        }
+
+        fn accept_reusing(
+            &mut self,
+            output: hetcrypt::Result<JobOutput>,
+            spare: &mut Vec<JobOutput>,
+        ) -> Result<()> {
+            self.log.borrow_mut().push('a');
+            self.inner.accept_reusing(output, spare)
+        }
+
+        fn finish(&mut self) -> Result<()> {
+            self.inner.finish()
+        }
+    }
+
+    /// With overlap (the default) the next batch is read while the engines run one,
+    /// so the first outputs are accepted after two windows of jobs were handed out;
+    /// without, after one: a batch's outputs are written before more is read.
+    #[test]
+    fn with_overlap_the_next_batch_is_read_before_the_outputs_are_written() {
+        for (overlap, read_first) in [(true, 8), (false, 4)] {
+            let engines = vec![CpuEngine::with_lanes(2).into_engine()];
+            let policy = hetcrypt::policy::Pull;
+            let mut pipeline = Pipeline::new(engines, &policy)
+                .unwrap()
+                .window(4)
+                .overlap(overlap);
+            let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+            // One message of 16 chunks: large batches, on the engines' thread.
+            let stream = Logged {
+                inner: Plain {
+                    left: 16,
+                    len: CHUNK_SIZE,
+                    ..Plain::default()
+                },
+                log: std::rc::Rc::clone(&log),
+            };
+            let mut lanes = Lanes::default();
+            pipeline.run([stream], &mut lanes).unwrap();
+            assert_eq!(lanes.ok, 1);
+            let log = log.borrow();
+            assert_eq!(log.len(), 32);
+            let first = log.iter().position(|&c| c == 'a');
+            assert_eq!(first, Some(read_first), "overlap {overlap}: {log:?}");
+        }
+    }
+
     /// Jobs that an engine failed on run again on another, and the stats say so: the
     /// moved jobs, and which engine failed.
     #[test]
