@@ -2487,6 +2487,45 @@ mod tests {
         }
     }
 
+    /// A batch whose second job differs from the first in what runs it gives each job
+    /// the bytes it gets alone: a GCM job after a CTR job (the implementation looked up
+    /// for each kind of job, not carried over from the one before), and two CTR jobs
+    /// under different keys (two groups, not one under the first job's key).
+    #[test]
+    fn a_batch_of_two_kinds_or_two_keys_gives_each_job_its_own_bytes() {
+        let keys = KeyStore::new();
+        let ids = add_keys(&keys, &[bytes(31, 16), bytes(32, 16)]);
+        let ctr = |key: usize, seed: usize| {
+            let iv = [seed as u8; BLOCK_LEN];
+            Job::new(
+                Cipher::AES_128_CTR,
+                Direction::Encrypt,
+                ids[key],
+                iv,
+                bytes(seed, 100),
+            )
+        };
+        let gcm = Job::with_iv(
+            Cipher::AES_128_GCM,
+            Direction::Encrypt,
+            ids[0],
+            &[7; 12],
+            bytes(3, 100),
+        )
+        .unwrap();
+        for parallel in [BlockParallel::On, BlockParallel::Auto] {
+            let mut lane = CpuEngine::with_lanes(1).block_parallel(parallel).lane(0);
+            for batch in [vec![ctr(0, 1), gcm.clone()], vec![ctr(0, 1), ctr(1, 2)]] {
+                let together = run_batch_of(&mut lane, &keys, &batch);
+                for (k, job) in batch.iter().enumerate() {
+                    let alone = run_batch_of(&mut lane, &keys, std::slice::from_ref(job));
+                    let (a, b) = (together[k].as_ref().unwrap(), alone[0].as_ref().unwrap());
+                    assert_eq!(a, b, "{parallel:?}, job {k} of {}", batch.len());
+                }
+            }
+        }
+    }
+
     /// Every length from 0 to 80 bytes (each side of one to five blocks, the short CTR
     /// path's 64-byte bound) and each side of 256 and 1024 bytes.
     fn short_path_lens() -> Vec<usize> {
