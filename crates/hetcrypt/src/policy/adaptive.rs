@@ -1134,6 +1134,13 @@ mod tests {
         let twice = 2.0 * stored(&known, 0);
         learn(&mut known, (0, c, d, near), twice);
         assert!((known.drift(0, c, d, b) - 2.0).abs() < 1e-9);
+        // Below the store too, down to 1 / DRIFT_CAP.
+        let half = stored(&known, 0) / 2.0;
+        learn(&mut known, (0, c, d, near), half);
+        assert!((known.drift(0, c, d, b) - 0.5).abs() < 1e-9);
+        let tenth = stored(&known, 0) / 10.0;
+        learn(&mut known, (0, c, d, near), tenth);
+        assert_eq!(known.drift(0, c, d, b), 1.0 / DRIFT_CAP);
         // A learned cost of zero says nothing.
         learn(&mut known, (0, c, d, near), 0.0);
         assert_eq!(known.drift(0, c, d, b), 1.0, "learned zero");
