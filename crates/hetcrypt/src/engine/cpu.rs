@@ -2487,6 +2487,50 @@ mod tests {
         }
     }
 
+    /// GCM with additional data on EVP (block-parallel off) seals and opens as
+    /// OpenSSL's one-shot AEAD does: the data is authenticated, a changed byte of it fails.
+    #[test]
+    fn evp_gcm_authenticates_the_additional_data() {
+        let keys = KeyStore::new();
+        let key = bytes(41, 16);
+        let id = add_keys(&keys, std::slice::from_ref(&key))[0];
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::Off)
+            .lane(0);
+        let (iv, aad, pt) = ([9u8; 12], bytes(42, 20), bytes(43, 100));
+        let job = |direction, input: Vec<u8>, aad: Vec<u8>| {
+            Job::with_iv(Cipher::AES_128_GCM, direction, id, &iv, input)
+                .unwrap()
+                .aad(aad)
+        };
+        let sealed = run_batch_of(
+            &mut lane,
+            &keys,
+            &[job(Direction::Encrypt, pt.clone(), aad.clone())],
+        );
+        let sealed = sealed[0].as_ref().unwrap();
+        let mut tag = [0u8; TAG_LEN];
+        let ct = openssl::symm::encrypt_aead(
+            openssl::symm::Cipher::aes_128_gcm(),
+            &key,
+            Some(&iv),
+            &aad,
+            &pt,
+            &mut tag,
+        )
+        .unwrap();
+        assert_eq!((&sealed.data, sealed.tag), (&ct, Some(tag)));
+        let opens = [aad.clone(), bytes(44, 20)]
+            .map(|aad| job(Direction::Decrypt, ct.clone(), aad).tag(tag));
+        let opened = run_batch_of(&mut lane, &keys, &opens);
+        assert_eq!(opened[0].as_ref().unwrap().data, pt);
+        assert!(
+            matches!(opened[1], Err(Error::AuthenticationFailed)),
+            "{:?}",
+            opened[1]
+        );
+    }
+
     /// A batch whose second job differs from the first in what runs it gives each job
     /// the bytes it gets alone: a GCM job after a CTR job (the implementation looked up
     /// for each kind of job, not carried over from the one before), and two CTR jobs
