@@ -2531,6 +2531,36 @@ mod tests {
         );
     }
 
+    /// Additional data on a job of a cipher without authentication (CBC, CTR) is not
+    /// fed to EVP: the bytes are OpenSSL's for the input alone. And `run_in_place`
+    /// runs a job that `ring` does not (here on EVP) as `run` does, copying.
+    #[test]
+    fn evp_ignores_additional_data_where_nothing_authenticates_it() {
+        let keys = KeyStore::new();
+        let key = bytes(45, 16);
+        let id = add_keys(&keys, std::slice::from_ref(&key))[0];
+        let mut lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::Off)
+            .lane(0);
+        for cipher in [Cipher::AES_128_CBC, Cipher::AES_128_CTR] {
+            let job = Job::new(
+                cipher,
+                Direction::Encrypt,
+                id,
+                [3; BLOCK_LEN],
+                bytes(46, 64),
+            )
+            .aad(bytes(47, 20));
+            let expected = reference_any(&job, &key).unwrap();
+            let got = run_batch_of(&mut lane, &keys, std::slice::from_ref(&job));
+            assert_eq!(got[0].as_ref().unwrap().data, expected, "{cipher}");
+            let (mut job, mut out) = (job, JobOutput::default());
+            assert!(!lane.runs_in_place(&job));
+            lane.run_in_place(&mut job, &keys, &mut out).unwrap();
+            assert_eq!(out.data, expected, "{cipher} in place");
+        }
+    }
+
     /// A batch whose second job differs from the first in what runs it gives each job
     /// the bytes it gets alone: a GCM job after a CTR job (the implementation looked up
     /// for each kind of job, not carried over from the one before), and two CTR jobs
