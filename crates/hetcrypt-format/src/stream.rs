@@ -717,6 +717,19 @@ impl<R: Read, W: ChunkWrite> Stream for DecryptStream<R, W> {
 mod tests {
     use super::*;
 
+    /// A boxed writer and a borrowed one write each chunk through to the writer they
+    /// hold, and hand back a buffer as it does.
+    #[test]
+    fn boxed_and_borrowed_writers_write_chunks_through() {
+        let mut boxed: Box<Vec<u8>> = Box::default();
+        let back = <Box<Vec<u8>> as ChunkWrite>::write_chunk(&mut boxed, vec![1, 2, 3]).unwrap();
+        assert_eq!((boxed.as_slice(), back), (&[1, 2, 3][..], vec![1, 2, 3]));
+        let mut inner = Vec::new();
+        let mut borrowed = &mut inner;
+        let back = <&mut Vec<u8> as ChunkWrite>::write_chunk(&mut borrowed, vec![4, 5]).unwrap();
+        assert_eq!((inner, back), (vec![4, 5], vec![4, 5]));
+    }
+
     #[test]
     fn a_fresh_read_buffer_has_room_for_the_chunks_tag() {
         let mut none = Vec::new();
