@@ -717,6 +717,37 @@ impl<R: Read, W: ChunkWrite> Stream for DecryptStream<R, W> {
 mod tests {
     use super::*;
 
+    /// Driven by hand (`next_job`, not the pipeline's `next_job_into`), each stream
+    /// hands out its chunk jobs: an encryption of two chunks two jobs, and its
+    /// decryption as many.
+    #[test]
+    fn streams_hand_out_their_jobs_through_next_job() {
+        use crate::pipeline::Stream;
+        use hetcrypt::engine::cpu::CpuEngine;
+        let d = Dispatcher::new(vec![CpuEngine::with_lanes(1).into_engine()]).unwrap();
+        let key = [5u8; 16];
+        let pt = vec![9u8; crate::CHUNK_SIZE + 10];
+        let mut enc =
+            EncryptStream::new(&pt[..], Vec::new(), &key, SealParams::new(Aead::Aes128Gcm));
+        let mut jobs = Vec::new();
+        while let Some(job) = enc.next_job(&d).unwrap() {
+            jobs.push(job);
+        }
+        assert_eq!(jobs.len(), 2);
+        let run = d.run(&jobs, &hetcrypt::policy::Pull).unwrap();
+        for out in run.outputs {
+            enc.accept(out).unwrap();
+        }
+        enc.finish().unwrap();
+        let ct = enc.into_parts().1;
+        let mut dec = DecryptStream::new(&ct[..], Vec::new(), &key, OpenParams::Hetcrypt);
+        let mut n = 0;
+        while dec.next_job(&d).unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 2);
+    }
+
     /// A boxed writer and a borrowed one write each chunk through to the writer they
     /// hold, and hand back a buffer as it does.
     #[test]
