@@ -313,18 +313,11 @@ impl Dispatcher {
             unrunnable,
             bytes,
         } = self.plan_jobs(jobs, alive, &mut support);
-        let engine_metas = self.engine_metas(&support, &failed_before, one_lane);
-        let lane_metas: Vec<LaneMeta> = engine_metas
-            .iter()
-            .enumerate()
-            .flat_map(|(engine, m)| (0..m.lanes).map(move |index| LaneMeta { engine, index }))
-            .collect();
-        let schedule = policy.plan(&Plan {
-            jobs: &metas,
-            engines: &engine_metas,
-            lanes: &lane_metas,
-            cores: self.cores,
-        })?;
+        let Scheduled {
+            lane_metas,
+            schedule,
+            ..
+        } = self.schedule(policy, &metas, &support, &failed_before, one_lane)?;
         // Lanes of engines the schedule has no use for start only if an engine fails
         // and its jobs need them: an idle lane's thread still costs its start, its
         // barrier and its join (a third of a batch of 400 tiny jobs in the testbed).
@@ -541,12 +534,56 @@ impl Dispatcher {
             failed.clone()
         };
 
-        let job_errors = outputs.iter().filter(|o| o.is_err()).count();
+        Ok(self.report(Tally {
+            policy,
+            jobs: jobs.len(),
+            bytes,
+            wall,
+            failed,
+            lanes: lane_metas.iter().zip(lane_reports),
+            redispatched: redispatched.into_inner(),
+            outputs,
+        }))
+    }
 
+    /// The policy's schedule for a batch whose jobs `metas` describes, with what it was
+    /// shown: each engine (see [`Dispatcher::engine_metas`]) and each lane.
+    fn schedule(
+        &self,
+        policy: &dyn Policy,
+        metas: &[JobMeta],
+        support: &[Support],
+        failed_before: &[bool],
+        one_lane: Option<usize>,
+    ) -> Result<Scheduled> {
+        let engine_metas = self.engine_metas(support, failed_before, one_lane);
+        let lane_metas: Vec<LaneMeta> = engine_metas
+            .iter()
+            .enumerate()
+            .flat_map(|(engine, m)| (0..m.lanes).map(move |index| LaneMeta { engine, index }))
+            .collect();
+        let schedule = policy.plan(&Plan {
+            jobs: metas,
+            engines: &engine_metas,
+            lanes: &lane_metas,
+            cores: self.cores,
+        })?;
+        Ok(Scheduled {
+            engine_metas,
+            lane_metas,
+            schedule,
+        })
+    }
+
+    /// A batch's [`Report`]: each engine's work summed from its lanes' reports.
+    fn report<'a>(
+        &self,
+        tally: Tally<'a, impl Iterator<Item = (&'a LaneMeta, LaneReport)>>,
+    ) -> Report {
         let mut engines: Vec<EngineReport> = self
             .engines
             .iter()
-            .zip(failed)
+            .zip(tally.failed)
             .zip(&self.kinds)
             .map(|((e, failed), &kind)| EngineReport {
                 name: e.name().to_string(),
@@ -558,23 +595,22 @@ impl Dispatcher {
                 lanes: Vec::new(),
             })
             .collect();
-        for (meta, lane) in lane_metas.iter().zip(lane_reports) {
+        for (meta, lane) in tally.lanes {
             let e = &mut engines[meta.engine];
             e.jobs += lane.jobs;
             e.bytes += lane.bytes;
             e.busy += lane.busy;
             e.lanes.push(lane);
         }
-        let report = Report {
-            policy: policy.name(),
-            jobs: jobs.len(),
-            bytes,
-            wall,
+        Report {
+            policy: tally.policy.name(),
+            jobs: tally.jobs,
+            bytes: tally.bytes,
+            wall: tally.wall,
             engines,
-            redispatched: redispatched.into_inner(),
-            job_errors,
-        };
-        Ok(report)
+            redispatched: tally.redispatched,
+            job_errors: tally.outputs.iter().filter(|o| o.is_err()).count(),
+        }
     }
 
     /// What the policy sees of each engine: its lanes (none if it failed before the
@@ -658,14 +694,11 @@ impl Dispatcher {
             return Ok(None);
         }
         let failed_before = vec![false; self.engines.len()];
-        let engine_metas = self.engine_metas(&support, &failed_before, Some(engine));
-        let lane_metas = [LaneMeta { engine, index: 0 }];
-        let schedule = policy.plan(&Plan {
-            jobs: &metas,
-            engines: &engine_metas,
-            lanes: &lane_metas,
-            cores: self.cores,
-        })?;
+        let Scheduled {
+            engine_metas,
+            lane_metas,
+            schedule,
+        } = self.schedule(policy, &metas, &support, &failed_before, Some(engine))?;
         let mut outputs: Vec<Result<JobOutput>> = spare.drain(..).map(Ok).collect();
         outputs.truncate(jobs.len());
         outputs.resize_with(jobs.len(), || Ok(JobOutput::default()));
@@ -715,38 +748,16 @@ impl Dispatcher {
                 reason: format!("no lane was given this {} job", metas[j].cipher),
             });
         }
-        let job_errors = outputs.iter().filter(|o| o.is_err()).count();
-        let engines = self
-            .engines
-            .iter()
-            .zip(&self.kinds)
-            .enumerate()
-            .map(|(i, (e, &kind))| {
-                let mine = i == engine;
-                EngineReport {
-                    name: e.name().to_string(),
-                    kind,
-                    jobs: if mine { report.jobs } else { 0 },
-                    bytes: if mine { report.bytes } else { 0 },
-                    busy: if mine { report.busy } else { Duration::ZERO },
-                    failed: None,
-                    lanes: if mine {
-                        vec![report.clone()]
-                    } else {
-                        Vec::new()
-                    },
-                }
-            })
-            .collect();
-        let report = Report {
-            policy: policy.name(),
+        let report = self.report(Tally {
+            policy,
             jobs: jobs.len(),
             bytes,
             wall,
-            engines,
+            failed: vec![None; self.engines.len()],
+            lanes: lane_metas.iter().zip([report]),
             redispatched: 0,
-            job_errors,
-        };
+            outputs: &outputs,
+        });
         Ok(Some(BatchResult { outputs, report }))
     }
 
@@ -850,6 +861,26 @@ impl Dispatcher {
             bytes,
         }
     }
+}
+
+/// A batch's schedule and what the policy was shown: see [`Dispatcher::schedule`].
+struct Scheduled {
+    engine_metas: Vec<EngineMeta>,
+    lane_metas: Vec<LaneMeta>,
+    schedule: Box<dyn Schedule>,
+}
+
+/// What a batch's [`Report`] is made from (see [`Dispatcher::report`]): `lanes` pairs
+/// each lane that took part with its report; `failed` is each engine's failure.
+struct Tally<'a, L> {
+    policy: &'a dyn Policy,
+    jobs: usize,
+    bytes: u64,
+    wall: Duration,
+    failed: Vec<Option<String>>,
+    lanes: L,
+    redispatched: usize,
+    outputs: &'a [Result<JobOutput>],
 }
 
 /// What planning a batch gives: see [`Dispatcher::plan_jobs`].
