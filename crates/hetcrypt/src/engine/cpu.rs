@@ -2487,16 +2487,23 @@ mod tests {
         }
     }
 
+    /// A key store holding one AES-128 key made from `seed`, the key, its id, and a lane
+    /// that runs every job on EVP (block-parallel off).
+    fn evp_lane_with_key(seed: usize) -> (KeyStore, Vec<u8>, KeyId, CpuLane) {
+        let keys = KeyStore::new();
+        let key = bytes(seed, 16);
+        let id = add_keys(&keys, std::slice::from_ref(&key))[0];
+        let lane = CpuEngine::with_lanes(1)
+            .block_parallel(BlockParallel::Off)
+            .lane(0);
+        (keys, key, id, lane)
+    }
+
     /// GCM with additional data on EVP (block-parallel off) seals and opens as
     /// OpenSSL's one-shot AEAD does: the data is authenticated, a changed byte of it fails.
     #[test]
     fn evp_gcm_authenticates_the_additional_data() {
-        let keys = KeyStore::new();
-        let key = bytes(41, 16);
-        let id = add_keys(&keys, std::slice::from_ref(&key))[0];
-        let mut lane = CpuEngine::with_lanes(1)
-            .block_parallel(BlockParallel::Off)
-            .lane(0);
+        let (keys, key, id, mut lane) = evp_lane_with_key(41);
         let (iv, aad, pt) = ([9u8; 12], bytes(42, 20), bytes(43, 100));
         let job = |direction, input: Vec<u8>, aad: Vec<u8>| {
             Job::with_iv(Cipher::AES_128_GCM, direction, id, &iv, input)
@@ -2536,12 +2543,7 @@ mod tests {
     /// runs a job that `ring` does not (here on EVP) as `run` does, copying.
     #[test]
     fn evp_ignores_additional_data_where_nothing_authenticates_it() {
-        let keys = KeyStore::new();
-        let key = bytes(45, 16);
-        let id = add_keys(&keys, std::slice::from_ref(&key))[0];
-        let mut lane = CpuEngine::with_lanes(1)
-            .block_parallel(BlockParallel::Off)
-            .lane(0);
+        let (keys, key, id, mut lane) = evp_lane_with_key(45);
         for cipher in [Cipher::AES_128_CBC, Cipher::AES_128_CTR] {
             let job = Job::new(
                 cipher,
