@@ -141,7 +141,7 @@ pub struct Args {
     /// Who runs CTR, CBC decryption and multi-buffer CBC encryption on the cpu engine:
     /// `auto` (the faster of the aes crate and OpenSSL EVP, measured at first use: see
     /// `hetcrypt engines`), `aes-crate` (always the crate) or `openssl-evp` (always EVP,
-    /// multi-buffer off). To check the measured choice against both.
+    /// multi-buffer off); run `bench` with each in turn to check the measured choice.
     #[arg(long, value_name = "IMPL", value_parser = crate::workload::parse_cpu_impl)]
     cpu_impl: Option<hetcrypt::engine::cpu::BlockParallel>,
     /// Read the files from this directory instead of generating them; files of equal

@@ -60,7 +60,8 @@ struct Common {
     /// Scheduling policy (`pull`, `only:<engine>`, ...).
     #[arg(long, default_value = "pull")]
     policy: String,
-    /// Engines to use, comma-separated (`cpu`, `kernel`, `kernel:<driver>`); default:
+    /// Engines to use, comma-separated (`cpu`, `kernel`, `kernel:<driver>`,
+    /// `devcrypto`, `devcrypto:<driver>`; `hetcrypt engines` lists them); default:
     /// every engine this machine has.
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     engines: Vec<String>,

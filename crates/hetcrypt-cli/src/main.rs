@@ -14,10 +14,23 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// What `hetcrypt --help` ends with: the common tasks, one command each.
+const EXAMPLES: &str = "\
+Examples:
+  hetcrypt engines                            what this machine has, and why an engine is missing
+  hetcrypt keygen -o my.key                   a new key file (mode 0600)
+  hetcrypt encrypt --key my.key photos/ -o photos.hc
+  hetcrypt decrypt --key my.key photos.hc -o photos-restored
+  hetcrypt calibrate                          measure each engine once; every policy starts from it
+  hetcrypt speed                              throughput per engine, as `openssl speed` prints it
+  hetcrypt bench --out results                the seeds' experiment, with tables and charts
+
+`hetcrypt <command> --help` says more about each.";
+
 /// Bulk AES on every crypto engine of this machine at once (CPU cores and kernel
 /// crypto modules), scheduled job by job.
 #[derive(Parser, Debug)]
-#[command(name = "hetcrypt", version, about, long_about = None)]
+#[command(name = "hetcrypt", version, after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

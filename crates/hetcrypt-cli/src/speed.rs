@@ -51,8 +51,8 @@ lane start to join; every output is checked against the cpu reference. With --sp
 instead (seed 003) and the speed-up per lane count is shown."
 )]
 pub struct Args {
-    /// Engines, one row each: cpu, kernel, kernel:<driver> (comma-separated or
-    /// repeated). With --policy: the engines the policies combine. Default: every
+    /// Engines, one row each: cpu, kernel, kernel:<driver>, devcrypto,
+    /// devcrypto:<driver> (comma-separated or repeated). With --policy: the engines the policies combine. Default: every
     /// engine this machine has.
     #[arg(
         long = "engine",
@@ -91,7 +91,7 @@ pub struct Args {
     /// Who runs CTR, CBC decryption and multi-buffer CBC encryption on the cpu engine:
     /// `auto` (the faster of the aes crate and OpenSSL EVP, measured at first use: see
     /// `hetcrypt engines`), `aes-crate` (always the crate) or `openssl-evp` (always EVP,
-    /// multi-buffer off). To check the measured choice against both.
+    /// multi-buffer off); run `speed` with each in turn to check the measured choice.
     #[arg(long, value_name = "IMPL", value_parser = crate::workload::parse_cpu_impl)]
     cpu_impl: Option<hetcrypt::engine::cpu::BlockParallel>,
     /// Split one large buffer over 1, 2, ... lanes (seed 003) instead of the table.

@@ -1,9 +1,14 @@
-//! `--help` of `engines`, `speed` and `bench` against committed snapshots, so any change
-//! to the command line shows up in review.
+//! `--help` of `hetcrypt` itself, `engines`, `speed` and `bench` against committed
+//! snapshots, so any change to the command line shows up in review.
 
 use crate::cli_support;
 
 use cli_support::{assert_snapshot, ok};
+
+#[test]
+fn hetcrypt_help() {
+    assert_snapshot("hetcrypt-help.txt", &ok(&["--help"]));
+}
 
 #[test]
 fn engines_help() {
