@@ -50,7 +50,7 @@ impl ProcFile {
 const STAT_HEAD: usize = 512;
 
 /// Bytes read of `/proc/PID/schedstat`: three counters of at most 20 digits.
-const SCHEDSTAT_LEN: usize = 96;
+pub const SCHEDSTAT_LEN: usize = 96;
 
 /// `/proc/stat`'s all-CPU counters, in clock ticks: busy and total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +185,12 @@ pub fn is_kernel_thread(stat: &str) -> bool {
 /// The CPU time a task has run, in ns: the first field of `/proc/PID/schedstat`.
 pub fn run_ns(schedstat: &str) -> Option<u64> {
     schedstat.split_whitespace().next()?.parse().ok()
+}
+
+/// The time a task has waited on a run queue (runnable, another task on its CPU), in
+/// ns: the second field of `/proc/PID/schedstat`.
+pub fn run_delay(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// One window's kernel share, per [`KERNEL_SHARE_UNIT`]: the kernel threads' CPU time
@@ -615,10 +621,13 @@ mod tests {
     }
 
     #[test]
-    fn the_run_time_is_schedstat_s_first_field() {
+    fn the_run_time_and_delay_are_schedstat_s_first_fields() {
         assert_eq!(run_ns("1017830000 2250000 311\n"), Some(1_017_830_000));
         assert_eq!(run_ns(""), None);
         assert_eq!(run_ns("x 1 2"), None);
+        assert_eq!(run_delay("1017830000 2250000 311\n"), Some(2_250_000));
+        assert_eq!(run_delay("1017830000"), None);
+        assert_eq!(run_delay("1 x 2"), None);
     }
 
     /// The soft guest's module-only run at 1 KiB: 1.02 s on `virtio0-engine` against
