@@ -14,7 +14,7 @@ use hetcrypt::policy::call::{CallRouter, CallSite, Route, RouterMode, KERNEL_SHA
 use hetcrypt::{Direction, Key, KeyId, KeyStore};
 
 use crate::inner::OFFERED;
-use crate::load::{KernelSampler, LoadSampler};
+use crate::load::{KernelSampler, LoadSampler, SharedTotal};
 
 /// What the provider was told to do (openssl.cnf keys, overridden by environment).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -270,8 +270,8 @@ pub struct Router {
     /// The kernel threads' CPU time against the callers' in module calls.
     kernel: KernelSampler,
     /// The callers' CPU time in module calls so far, ns (what the kernel threads'
-    /// time is weighed against).
-    module_cpu_ns: AtomicU64,
+    /// time is weighed against), shared with the processes forked from this one.
+    module_cpu_ns: SharedTotal,
     /// The router's inputs over time, where `HETCRYPT_PROVIDER_TRACE` is set.
     timeline: Option<Timeline>,
 }
@@ -449,7 +449,7 @@ impl Router {
             failovers: AtomicU64::new(0),
             load: LoadSampler::default(),
             kernel: KernelSampler::default(),
-            module_cpu_ns: AtomicU64::new(0),
+            module_cpu_ns: SharedTotal::new(),
             timeline: std::env::var_os("HETCRYPT_PROVIDER_TRACE").map(|_| Timeline {
                 start: Instant::now(),
                 lines: Mutex::new(Vec::new()),
@@ -467,7 +467,7 @@ impl Router {
     fn sample_load(&self, now: Instant) {
         if let Some(busy) = self.load.sample(now) {
             self.calls.set_busy(busy);
-            let caller_ns = self.module_cpu_ns.load(Ordering::Relaxed);
+            let caller_ns = self.module_cpu_ns.get();
             if let Some(share) = self.kernel.sample(now, caller_ns) {
                 self.calls.set_kernel_share(share);
             }
@@ -614,7 +614,7 @@ impl Router {
         let now = Instant::now();
         let ns = now.saturating_duration_since(started).as_nanos() as u64;
         // Every module call, cold ones too, makes kernel threads work.
-        self.module_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+        self.module_cpu_ns.add(cpu_ns);
         self.sample_load(now);
         match result {
             Ok(cold) => {
