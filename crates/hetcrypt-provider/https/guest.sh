@@ -12,6 +12,9 @@
 # Prints machine-readable lines:
 #   RUN <cfg> <suite> <size> <mode> <requests/s> <bytes/s> <p50 ms> <p99 ms> <errors>
 #   SHARE <cfg> <suite> <size> <mode> <dso>=<percent> ...   (perf, nginx's samples)
+#   SYM <cfg> <suite> <size> <mode> <samples> <dso> <symbol or address>   (SYMBOLS=1:
+#     nginx's perf samples in libcrypto, libssl and the provider by symbol; Debian's
+#     libcrypto is stripped, so its internal functions show as addresses in the file)
 #   STATS <cfg> <summary line of the provider in nginx's worker>
 #   BODY <cfg> <suite> ok|bad
 #   FAULT <what> ok|bad <details>   (FAULTS=1: the fault phase below)
@@ -33,6 +36,7 @@ CONNS=${CONNS:-4}
 PERF=${PERF:-1}
 CPUSTAT=${CPUSTAT:-0}
 STRACE=${STRACE:-0}
+SYMBOLS=${SYMBOLS:-0}
 CELLS=${CELLS:-}
 # MIN_REQUESTS (the smoke): a wrk run that completed fewer requests is run again for
 # twice as long, up to MAX_DURATION seconds, so that a slow guest on a busy host makes
@@ -272,6 +276,11 @@ while [ $# -gt 0 ]; do
 						# instances of the other configurations take none).
 						perf report -q -i "$W/perf.data" --sort comm,dso --stdio 2>/dev/null |
 							awk -v k="$cfg $suite $size $mode" '$2 == "nginx" && $1 ~ /%$/ { sub("%", "", $1); s = s " " $3 "=" $1 } END { print "SHARE " k s }'
+						if [ "$SYMBOLS" = 1 ]; then
+							# Rows: percent, samples, dso, [.], symbol.
+							perf report -q -n -i "$W/perf.data" --comm nginx --sort dso,sym --stdio 2>/dev/null |
+								awk -v k="$cfg $suite $size $mode" '$1 ~ /%$/ && $3 ~ /libcrypto|libssl|hetcrypt/ { print "SYM " k " " $2 " " $3 " " $NF }'
+						fi
 					fi
 				done
 			done

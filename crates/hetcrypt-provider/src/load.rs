@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -45,12 +46,102 @@ impl ProcFile {
     }
 }
 
+/// A running total shared by every process forked from the one that made it: the
+/// callers' CPU time in module calls, which each process's [`KernelSampler`] weighs
+/// the kernel threads' time against. The kernel threads work for every process's
+/// module calls on a device; weighed against one process's calls alone, a server with
+/// N workers (nginx's, forked from the master that loaded the provider) saw about N
+/// times the kernel share in each. One anonymous shared page, made when the provider
+/// loads; where it cannot be mapped, a count of this process's own.
+pub struct SharedTotal(Total);
+
+enum Total {
+    /// In a `MAP_SHARED | MAP_ANONYMOUS` page of [`SHARED_LEN`] bytes, kept mapped
+    /// until drop.
+    Mapped(std::ptr::NonNull<AtomicU64>),
+    Own(AtomicU64),
+}
+
+/// The shared mapping's length: one page (the smallest a mapping takes anyway).
+const SHARED_LEN: usize = 4096;
+
+// SAFETY: the pointer is to an `AtomicU64` in a mapping that lives as long as the
+// `SharedTotal` (unmapped only in `drop`); every access goes through the atomic.
+unsafe impl Send for SharedTotal {}
+// SAFETY: as above: shared access is only ever atomic.
+unsafe impl Sync for SharedTotal {}
+
+impl SharedTotal {
+    /// A fresh total of 0, shared with the children this process forks from now on.
+    pub fn new() -> SharedTotal {
+        // SAFETY: an anonymous mapping at an address of the kernel's choosing, no
+        // file; the result is checked against MAP_FAILED before use. The kernel
+        // zero-fills it and page alignment suits an `AtomicU64`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SHARED_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        match std::ptr::NonNull::new(p.cast::<AtomicU64>()) {
+            Some(ptr) if p != libc::MAP_FAILED => SharedTotal(Total::Mapped(ptr)),
+            _ => SharedTotal(Total::Own(AtomicU64::new(0))),
+        }
+    }
+
+    /// Whether the total is shared with forked children (else this process's own).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.0, Total::Mapped(_))
+    }
+
+    fn atomic(&self) -> &AtomicU64 {
+        match &self.0 {
+            // SAFETY: mapped, zero-initialised and aligned in `new`, unmapped only
+            // in `drop`, so valid for `&self`'s lifetime.
+            Total::Mapped(p) => unsafe { p.as_ref() },
+            Total::Own(a) => a,
+        }
+    }
+
+    /// Adds `ns`.
+    pub fn add(&self, ns: u64) {
+        self.atomic().fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The total so far, every sharing process's additions included.
+    pub fn get(&self) -> u64 {
+        self.atomic().load(Ordering::Relaxed)
+    }
+}
+
+impl Default for SharedTotal {
+    fn default() -> Self {
+        SharedTotal::new()
+    }
+}
+
+impl Drop for SharedTotal {
+    fn drop(&mut self) {
+        if let Total::Mapped(p) = self.0 {
+            // SAFETY: the mapping made in `new`, of that length; nothing refers to it
+            // after `self` goes (`atomic` borrows `self`).
+            unsafe {
+                libc::munmap(p.as_ptr().cast(), SHARED_LEN);
+            }
+        }
+    }
+}
+
 /// Bytes read of `/proc/stat`: its first line (`cpu ` and ten counters of at most 20
 /// digits) fits with room to spare; the rest of the file is never needed.
 const STAT_HEAD: usize = 512;
 
 /// Bytes read of `/proc/PID/schedstat`: three counters of at most 20 digits.
-const SCHEDSTAT_LEN: usize = 96;
+pub const SCHEDSTAT_LEN: usize = 96;
 
 /// `/proc/stat`'s all-CPU counters, in clock ticks: busy and total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +276,12 @@ pub fn is_kernel_thread(stat: &str) -> bool {
 /// The CPU time a task has run, in ns: the first field of `/proc/PID/schedstat`.
 pub fn run_ns(schedstat: &str) -> Option<u64> {
     schedstat.split_whitespace().next()?.parse().ok()
+}
+
+/// The time a task has waited on a run queue (runnable, another task on its CPU), in
+/// ns: the second field of `/proc/PID/schedstat`.
+pub fn run_delay(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// One window's kernel share, per [`KERNEL_SHARE_UNIT`]: the kernel threads' CPU time
@@ -615,10 +712,13 @@ mod tests {
     }
 
     #[test]
-    fn the_run_time_is_schedstat_s_first_field() {
+    fn the_run_time_and_delay_are_schedstat_s_first_fields() {
         assert_eq!(run_ns("1017830000 2250000 311\n"), Some(1_017_830_000));
         assert_eq!(run_ns(""), None);
         assert_eq!(run_ns("x 1 2"), None);
+        assert_eq!(run_delay("1017830000 2250000 311\n"), Some(2_250_000));
+        assert_eq!(run_delay("1017830000"), None);
+        assert_eq!(run_delay("1 x 2"), None);
     }
 
     /// The soft guest's module-only run at 1 KiB: 1.02 s on `virtio0-engine` against
@@ -636,6 +736,43 @@ mod tests {
         // Less than usual: no share, not a negative one; no module call: no window.
         assert_eq!(share_of(1_000, wall, usual, 1_000), Some(0));
         assert_eq!(share_of(kernel, wall, usual, 0), None);
+    }
+
+    /// nginx's workers are forked from the master that loaded the provider: a module
+    /// call's CPU time added in a child shows in the parent's total (and so in every
+    /// worker's kernel share), where a count of each process's own would not.
+    #[test]
+    fn the_callers_module_cpu_is_one_total_across_forked_workers() {
+        let total = SharedTotal::new();
+        assert!(total.is_shared(), "an anonymous shared page maps on Linux");
+        total.add(40_000_000);
+        // SAFETY: fork; the child only adds to the atomic and _exits (both
+        // async-signal-safe, so the test harness's other threads do not matter).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            total.add(40_000_000);
+            // SAFETY: ends the child at once, no unwinding or atexit handlers.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(status, 0);
+        assert_eq!(total.get(), 80_000_000, "the child's calls count here");
+        // Two workers, 40 ms of module calls each in a window and 80 ms on the
+        // kernel's threads for both: the share is 1 ns per ns; against one worker's
+        // calls alone it came out twice that.
+        let half = Duration::from_millis(500);
+        let mut st = KernelState::default();
+        assert_eq!(st.close_window(half, total.get(), 80_000_000), Some(1000));
+        let mut own = KernelState::default();
+        assert_eq!(own.close_window(half, 40_000_000, 80_000_000), Some(2000));
+        // Where no page can be mapped, the process's own count still works.
+        let own = SharedTotal(Total::Own(AtomicU64::new(0)));
+        own.add(7);
+        assert!(!own.is_shared());
+        assert_eq!(own.get(), 7);
     }
 
     #[test]
