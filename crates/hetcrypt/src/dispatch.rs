@@ -1900,6 +1900,42 @@ mod tests {
         assert!(ran.outputs.iter().all(Result::is_ok));
     }
 
+    /// A batch's report adds each engine's work up from its lanes', and an engine the
+    /// policy has no use for keeps its lanes unstarted, each reported under its own
+    /// index with no work.
+    #[test]
+    fn a_report_sums_each_engine_from_its_lanes_and_names_unstarted_lanes() {
+        use crate::engine::cpu::CpuEngine;
+        let d = Dispatcher::new(vec![
+            CpuEngine::with_lanes(2).named("a").into_engine(),
+            CpuEngine::with_lanes(2).named("b").into_engine(),
+        ])
+        .unwrap();
+        let key = d.add_key(crate::Key::new(vec![0x26; 16])).unwrap();
+        let jobs = mixed_jobs(key, 200);
+        let total: u64 = jobs.iter().map(|j| j.len() as u64).sum();
+        for policy in [
+            &crate::policy::Pull as &dyn Policy,
+            &crate::policy::Only::new("a"),
+        ] {
+            let report = d.run(&jobs, policy).unwrap().report;
+            assert_eq!(report.bytes, total, "{}", policy.name());
+            let engines_bytes: u64 = report.engines.iter().map(|e| e.bytes).sum();
+            assert_eq!(engines_bytes, total, "{}", policy.name());
+            for e in &report.engines {
+                let lanes = &e.lanes;
+                assert_eq!(e.jobs, lanes.iter().map(|l| l.jobs).sum::<usize>());
+                assert_eq!(e.bytes, lanes.iter().map(|l| l.bytes).sum::<u64>());
+                assert_eq!(e.busy, lanes.iter().map(|l| l.busy).sum::<Duration>());
+                let indices: Vec<usize> = lanes.iter().map(|l| l.lane).collect();
+                assert_eq!(indices, [0, 1], "{} on {}", policy.name(), e.name);
+            }
+        }
+        let only_a = d.run(&jobs, &crate::policy::Only::new("a")).unwrap().report;
+        assert_eq!(only_a.engines[1].jobs, 0);
+        assert!(only_a.engines[1].lanes.iter().all(|l| !l.started));
+    }
+
     /// A result that names its job, so the order can be checked.
     fn out(j: usize) -> Result<JobOutput> {
         Ok(JobOutput {
