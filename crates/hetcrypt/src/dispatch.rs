@@ -1936,6 +1936,44 @@ mod tests {
         assert!(only_a.engines[1].lanes.iter().all(|l| !l.started));
     }
 
+    /// An engine that failed in an earlier batch is shown to the policy with no lanes
+    /// (and so is given nothing), the others with all of theirs.
+    #[test]
+    fn the_policy_sees_an_engine_that_failed_before_with_no_lanes() {
+        use crate::engine::cpu::CpuEngine;
+        use crate::engine::fault::{Fault, FaultyEngine};
+        /// `pull`, noting the lanes each engine was shown with.
+        struct Shown(Mutex<Vec<usize>>);
+        impl Policy for Shown {
+            fn name(&self) -> String {
+                "shown".into()
+            }
+            fn plan(&self, plan: &Plan<'_>) -> Result<Box<dyn Schedule>> {
+                *lock(&self.0) = plan.engines.iter().map(|e| e.lanes).collect();
+                crate::policy::Pull.plan(plan)
+            }
+        }
+        let d = Dispatcher::new(vec![
+            CpuEngine::with_lanes(1).named("a").into_engine(),
+            FaultyEngine::new(
+                "flaky",
+                CpuEngine::with_lanes(2).into_engine(),
+                Fault::AfterJobs(0),
+            )
+            .into_engine(),
+        ])
+        .unwrap();
+        let key = d.add_key(crate::Key::new(vec![0x27; 16])).unwrap();
+        let jobs = mixed_jobs(key, 50);
+        let shown = Shown(Mutex::new(Vec::new()));
+        let first = d.run(&jobs, &shown).unwrap();
+        assert_eq!(*lock(&shown.0), [1, 2]);
+        assert!(first.report.engines[1].failed.is_some());
+        let second = d.run(&jobs, &shown).unwrap();
+        assert_eq!(*lock(&shown.0), [1, 0]);
+        assert!(second.outputs.iter().all(Result::is_ok));
+    }
+
     /// A result that names its job, so the order can be checked.
     fn out(j: usize) -> Result<JobOutput> {
         Ok(JobOutput {
