@@ -158,13 +158,15 @@ fn lane_counts(lanes: usize) -> Vec<usize> {
 
 /// Rounds of the lanes sweep. In each round every lane count runs one window of
 /// [`POINT_TIME`], the counts in an order rotated by one place per round (1 2 4, then
-/// 2 4 1, then 4 1 2, ...), so that over the rounds each count runs in every place; a
-/// count's throughput is the median of its windows. One window per count in the order
-/// 1, 2, 4 chose two lanes on the Intel host that then ran slower than one at every size
-/// (docs/performance.md, twentieth session): a single window carries the host's swing of
-/// that moment. Five windows let the median ignore two bad ones, and cost 5 x 3 windows
-/// of 20 ms (plus each window's warm-up) per class.
-const SWEEP_ROUNDS: usize = 5;
+/// 2 4 1, then 4 1 2), so that over the rounds each of the three counts runs once in
+/// every place; a count's throughput is the median of its windows. One window per
+/// count in the order 1, 2, 4 chose two lanes on the Intel host that then ran slower
+/// than one at every size (docs/performance.md, twentieth session): a single window
+/// carries the host's swing of that moment. Three windows let the median drop one bad
+/// one, at 3 x 3 windows of 20 ms (plus each window's warm-up) per class; five made a
+/// guest calibration take ~50 s (twenty-second session), near the minute it should
+/// stay under.
+const SWEEP_ROUNDS: usize = 3;
 
 /// Throughput per lane count of `counts`: `rounds` rounds in which every count runs one
 /// `window` (bytes per second with that many lanes in flight), the order rotated by one
@@ -174,6 +176,8 @@ fn sweep_windows(
     rounds: usize,
     mut window: impl FnMut(usize) -> Result<f64>,
 ) -> Result<Vec<LanePoint>> {
+    // One count compares nothing: one window gives its point.
+    let rounds = if counts.len() < 2 { 1 } else { rounds };
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); counts.len()];
     for round in 0..rounds {
         for k in 0..counts.len() {
@@ -929,8 +933,8 @@ mod tests {
     use super::*;
     use crate::engine::cpu::CpuEngine;
 
-    /// The sweep with fake windows: a host whose busy spells hit two of the fifteen
-    /// windows (the first, the very first of the sweep; the tenth, 3x fast), over true
+    /// The sweep with fake windows: a host whose busy spells hit two of the nine
+    /// windows (the very first of the sweep, 2x slow; the eighth, 3x fast), over true
     /// rates where two lanes lead one by 7% and four by 8%, as on the twentieth
     /// session's Intel host where two then ran slower. The counts take turns, each
     /// median is the true rate, and the choice is one lane. The old sweep (one window
@@ -947,18 +951,25 @@ mod tests {
         let lanes = sweep_windows(&[1, 2, 4], SWEEP_ROUNDS, |n| {
             let spell = match order.len() {
                 0 => 0.5,
-                9 => 3.0,
+                7 => 3.0,
                 _ => 1.0,
             };
             order.push(n);
             Ok(truth(n) * spell)
         })
         .expect("fake windows do not fail");
-        assert_eq!(order[..9], [1, 2, 4, 2, 4, 1, 4, 1, 2]);
-        assert_eq!(order.len(), 3 * SWEEP_ROUNDS);
+        assert_eq!(order, [1, 2, 4, 2, 4, 1, 4, 1, 2]);
         for p in &lanes {
             assert_eq!(p.bytes_per_second, truth(p.lanes), "{} lanes", p.lanes);
         }
+        // A sweep of one count takes one window.
+        let mut windows = 0;
+        let one = sweep_windows(&[1], SWEEP_ROUNDS, |_| {
+            windows += 1;
+            Ok(5.0)
+        })
+        .expect("fake windows do not fail");
+        assert_eq!((windows, one[0].bytes_per_second), (1, 5.0));
         let mut class = crate::calibration::tests::class(
             Cipher::AES_128_CBC,
             Direction::Encrypt,
