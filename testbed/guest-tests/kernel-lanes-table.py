@@ -16,7 +16,8 @@ for f in sys.argv[1:]:
             ts[int(m.group(1))]=float(m.group(2))*1000
         rows={'afalg':afalg,'ts':[ts.get(s) for s in sizes]}
         for m in re.finditer(r'=== round \d (kernel|devcrypto) lanes (\w+)\n\S+\s+(.*)',body):
-            rows[f'{m.group(1)}{m.group(2)}']=[float(x) for x in re.findall(r'([\d.]+)k',m.group(3))]
+            # openssl's format: values over 10000 B/s in thousands with a k, others in B/s.
+            rows[f'{m.group(1)}{m.group(2)}']=[float(x) if k else float(x)/1e3 for x,k in re.findall(r'([\d.]+)(k?)',m.group(3))]
         for k,v in rows.items(): data.setdefault(k,[]).append(v)
 n=len(data['afalg'])
 print(f'rounds: {n}')
@@ -41,5 +42,7 @@ def ratio(a,b):
     return out
 pairs=[('kernel1','afalg'),('kernel2','afalg'),('devcrypto1','kernel1'),('devcrypto2','kernel2'),('devcrypto1','ts'),('devcrypto2','ts')]
 pairs+=[('kerneldefault','afalg'),('devcryptodefault','kerneldefault'),('devcryptodefault','ts')]
+# The store's lane choice against one lane, per engine.
+pairs+=[('kerneldefault','kernel1'),('devcryptodefault','devcrypto1')]
 for a,b in [p for p in pairs if p[0] in data and p[1] in data]:
     print(f'| {names[a]} / {names[b]} | '+' | '.join(ratio(a,b))+' |')

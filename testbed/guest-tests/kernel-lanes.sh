@@ -13,13 +13,30 @@
 # The engines run with one lane, two, and ("lanes default") their own count: with
 # CALIBRATE=1 the store's choice (`hetcrypt calibrate` runs first), else the default;
 # LANES="default" runs only those (LANES lists the counts, default "1 2 default").
+# The calibration is timed (seconds since boot before and after); with OLD=<another
+# hetcrypt binary> (e.g. --with /work/runs/hc-main-s21-merged, OLD=hc-main-s21-merged)
+# that binary calibrates first, timed, and its lane choice is shown beside ours.
 rounds=${1:-3}
 driver=${DRIVER:-virtio_crypto_aes_cbc}
 sizes=16,64,256,1024,2048,4096,8192,16384
 echo "=== $(uname -r), profile ${HETCRYPT_TESTBED_PROFILE:-?}, driver $driver, $(grep -m1 'model name' /proc/cpuinfo)"
+# Seconds since boot, to 10 ms (busybox date has no sub-second format).
+now() { cut -d' ' -f1 /proc/uptime; }
 if [ "${CALIBRATE:-0}" = 1 ]; then
+	# OLD=<another hetcrypt binary copied in with --with>: its calibration first, timed,
+	# and the lanes it chose (the store is then overwritten by ours).
+	if [ -n "${OLD:-}" ]; then
+		t0=$(now)
+		"$OLD" calibrate -q >/dev/null || exit 1
+		echo "=== calibrate ($OLD) took $(echo "$(now) $t0" | awk '{print $1 - $2}') s"
+		"$OLD" engines | grep -E "^ *(kernel|devcrypto):$driver"
+		"$OLD" calibrate --show | grep -E "^ *(kernel|devcrypto)" | grep aes-128-cbc
+	fi
+	t0=$(now)
 	hetcrypt calibrate -q >/dev/null || exit 1
+	echo "=== calibrate (hetcrypt) took $(echo "$(now) $t0" | awk '{print $1 - $2}') s"
 	hetcrypt engines | grep -E "^ *(kernel|devcrypto):$driver"
+	hetcrypt calibrate --show | grep -E "^ *(kernel|devcrypto)" | grep aes-128-cbc
 fi
 r=1
 while [ "$r" -le "$rounds" ]; do

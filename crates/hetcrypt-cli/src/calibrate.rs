@@ -37,9 +37,9 @@ fast as the cpu.
 The result goes to one store that every part of hetcrypt reads: the `threshold` policy
 splits at the stored crossover, `adaptive` starts from the stored costs and mix gains
 (and keeps learning), the OpenSSL provider decides per call between the CPU and the module,
-and `bench` and `speed` run each device engine (kernel, devcrypto) with the fewest lanes of
-its sweep (1, 2, 4 in flight) within 5% of the best, at most 2; `engines` and `--show` say
-how many.
+and `bench` and `speed` run each device engine (kernel, devcrypto) with the lanes its sweep
+chose (1, 2, 4 in flight, each count's median of 5 windows taken in turn; more lanes only
+where they beat fewer by 15%, at most 2); `engines` and `--show` say how many.
 The store is, in this order: --calibration FILE; $HETCRYPT_CALIBRATION; for root
 /var/lib/hetcrypt/calibration.json; else $XDG_STATE_HOME/hetcrypt/calibration.json or
 ~/.local/state/hetcrypt/calibration.json (a user without one reads root's). It is
@@ -398,9 +398,10 @@ fn render(cal: &Calibration, path: &Path, stale: Option<&str>) -> String {
     out.push_str(&grid.plain());
     out.push_str(&format!(
         "\nMB/s of one lane, one request at a time; FIXED + PER KIB is the fitted cost of one \
-         request; LANES: MB/s with that many lanes in flight at 16 KiB, and (-> N) the lanes a \
-         device engine runs from this store: the fewest within {:.0}% of the best, at most {}.\n",
-        calibration::LANES_TOLERANCE * 100.0,
+         request; LANES: MB/s with that many lanes in flight at 16 KiB (median of alternating \
+         windows), and (-> N) the lanes a device engine runs from this store: more lanes only \
+         where they beat fewer by {:.0}% or more, at most {}.\n",
+        calibration::LANES_MARGIN * 100.0,
         calibration::MAX_CHOSEN_LANES
     ));
     let crossovers = crossover_rows(cal);

@@ -155,9 +155,10 @@ fn render(listing: &Listing) -> String {
     if !listing.device_lanes.is_empty() {
         out.push_str(&format!(
             "\nLANES of a device engine: requests in flight for that cipher (encryption); \
-             stored: the fewest within {:.0}% of the best of `hetcrypt calibrate`'s sweep, \
-             at most {}; default: the engine's own, without a stored sweep.\n",
-            calibration::LANES_TOLERANCE * 100.0,
+             stored: from `hetcrypt calibrate`'s sweep (medians of alternating windows), \
+             more lanes only where they beat fewer by {:.0}% or more, at most {}; default: \
+             the engine's own, without a stored sweep.\n",
+            calibration::LANES_MARGIN * 100.0,
             calibration::MAX_CHOSEN_LANES
         ));
     }

@@ -1,17 +1,20 @@
 //! Where one `/dev/crypto` request's time goes, step by step, in one process: bare
-//! `CIOCCRYPT` loops shaped like cryptodev's `tests/speed` (in place) and like the
-//! `devcrypto` engine (input to a separate output), the same with the engine's
-//! per-request unplug check (one `fstatat` of the device's sysfs `driver` link), then
-//! the engine's lane, then the dispatcher (the `hetcrypt speed` path). The variants
-//! take turns in short slices, round after round, so that a busy host's swings fall
-//! on all of them alike; each round's rates are divided by the in-place loop's.
+//! `CIOCCRYPT` loops shaped like cryptodev's `tests/speed` (in place, one buffer) and
+//! like the `devcrypto` engine (input to a separate output), each over one buffer and
+//! over 256 KiB of distinct buffers (as `hetcrypt speed`'s batches), the same with the
+//! engine's per-request unplug look (one `faccessat2` of the device's sysfs `driver`
+//! link), then the engine's lane, then the dispatcher (the `hetcrypt speed` path, and
+//! batches of one job). The variants take turns in short slices, round after round, so
+//! that a busy host's swings fall on all of them alike; each round's rates are divided
+//! by the in-place loop's. Minor page faults per request are counted beside them.
 //!
 //! ```text
 //! cargo build --release --example devcrypto_costs
 //! testbed/run --profile soft --with target/release/examples/devcrypto_costs -- devcrypto_costs
 //! ```
 //!
-//! Arguments (all optional): rounds (default 8), seconds per slice (default 0.25).
+//! Arguments (all optional): rounds (default 8), seconds per slice (default 0.25), and
+//! the index of one variant to run alone (for `strace -c -f`).
 //! AES-128-CBC encryption on `virtio_crypto_aes_cbc` (the kernel's first `cbc(aes)`
 //! in the soft profile), at 1, 4 and 16 KiB.
 
@@ -21,7 +24,8 @@ use std::time::{Duration, Instant};
 use hetcrypt::engine::devcrypto::DevcryptoEngine;
 use hetcrypt::{policy, Cipher, Direction, Dispatcher, Job, JobOutput, Key, KeyStore};
 use nix::fcntl::{open, AtFlags, OFlag};
-use nix::sys::stat::{fstatat, Mode};
+use nix::sys::stat::Mode;
+use nix::unistd::{faccessat, AccessFlags};
 
 /// The driver measured (cryptodev reaches it only where the kernel ranks it first).
 const DRIVER: &str = "virtio_crypto_aes_cbc";
@@ -60,19 +64,28 @@ struct CryptOp {
 nix::ioctl_readwrite!(ciocgsession, b'c', 102, SessionOp);
 nix::ioctl_readwrite!(cioccrypt, b'c', 104, CryptOp);
 
-/// The variants, in the order they take turns.
-const VARIANTS: [&str; 5] = [
-    "bare ioctl, in place (tests/speed)",
-    "bare ioctl, input -> output",
-    "bare ioctl, input -> output, + fstatat",
-    "engine lane (Lane::run)",
-    "dispatcher (run_into, speed's batch)",
+/// The variants, in the order they take turns. "one buffer": every request reads (and
+/// writes) the same memory, as `tests/speed` and `openssl speed` do; "256 KiB": the
+/// requests walk through [`BATCH_BYTES`] of distinct inputs (and outputs), as
+/// `hetcrypt speed` batches do.
+const VARIANTS: [&str; 9] = [
+    "bare ioctl, in place, one buffer (tests/speed)",
+    "bare ioctl, input -> output, one buffer",
+    "bare ioctl, in place, 256 KiB",
+    "bare ioctl, input -> output, 256 KiB",
+    "bare ioctl, in -> out, one buffer, + look",
+    "engine lane (Lane::run), one buffer",
+    "engine lane (Lane::run), 256 KiB",
+    "dispatcher, 256 KiB batch (speed)",
+    "dispatcher, 1-job batch, one buffer",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().map_or(Ok(8), |s| s.parse())?;
     let slice = Duration::from_secs_f64(args.next().map_or(Ok(0.25), |s| s.parse())?);
+    // A third argument runs that variant only (for `strace -c`).
+    let only_variant: Option<usize> = args.next().map(|s| s.parse()).transpose()?;
     let key = [7u8; 16];
 
     let dev = std::fs::OpenOptions::new()
@@ -135,6 +148,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let input = vec![3u8; size];
         let mut output = vec![0u8; size];
         let mut in_place = vec![3u8; size];
+        let count = (BATCH_BYTES / size).max(1);
+        // Distinct buffers, each its own allocation, as a batch's jobs are.
+        let inputs: Vec<Vec<u8>> = (0..count).map(|i| vec![i as u8; size]).collect();
+        let mut outputs_bare: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        let mut in_places: Vec<Vec<u8>> = (0..count).map(|i| vec![i as u8; size]).collect();
         let job = Job::new(
             Cipher::AES_128_CBC,
             Direction::Encrypt,
@@ -143,64 +161,124 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             input.clone(),
         );
         let mut out = JobOutput::default();
-        let jobs: Vec<Job> = (0..(BATCH_BYTES / size).max(1))
-            .map(|i| {
+        let lane_jobs: Vec<Job> = inputs
+            .iter()
+            .map(|x| {
+                Job::new(
+                    Cipher::AES_128_CBC,
+                    Direction::Encrypt,
+                    key_id,
+                    [1; 16],
+                    x.clone(),
+                )
+            })
+            .collect();
+        let mut lane_outs: Vec<JobOutput> = (0..count).map(|_| JobOutput::default()).collect();
+        let jobs: Vec<Job> = inputs
+            .iter()
+            .map(|x| {
                 Job::new(
                     Cipher::AES_128_CBC,
                     Direction::Encrypt,
                     d_key,
                     [1; 16],
-                    vec![i as u8; size],
+                    x.clone(),
                 )
             })
             .collect();
+        let one_job = [Job::new(
+            Cipher::AES_128_CBC,
+            Direction::Encrypt,
+            d_key,
+            [1; 16],
+            input.clone(),
+        )];
         let mut outputs = Vec::new();
+        let mut one_output = Vec::new();
         dispatcher.run_into(&jobs, only.as_ref(), &mut outputs)?;
+        dispatcher.run_into(&one_job, only.as_ref(), &mut one_output)?;
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+        // Minor page faults and requests per variant, over all rounds: a count the
+        // host's load does not move.
+        let mut faults = vec![(0i64, 0usize); VARIANTS.len()];
+        let mut next = 0usize;
         for round in 0..rounds {
             // Rotate the starting variant so none always follows the same one.
             for k in 0..VARIANTS.len() {
                 let v = (k + round) % VARIANTS.len();
+                if only_variant.is_some_and(|o| o != v) {
+                    continue;
+                }
+                let flt0 = minor_faults();
+                let mut requests = 0usize;
                 let t0 = Instant::now();
                 let mut bytes = 0usize;
                 while t0.elapsed() < slice {
+                    next = (next + 1) % count;
                     match v {
                         0 => {
                             let p = in_place.as_mut_ptr();
                             crypt(p, p, size);
-                            bytes += size;
                         }
-                        1 => {
-                            crypt(input.as_ptr(), output.as_mut_ptr(), size);
-                            bytes += size;
-                        }
+                        1 => crypt(input.as_ptr(), output.as_mut_ptr(), size),
                         2 => {
-                            let _ = fstatat(&dir, "driver", AtFlags::AT_SYMLINK_NOFOLLOW);
-                            crypt(input.as_ptr(), output.as_mut_ptr(), size);
-                            bytes += size;
+                            let p = in_places[next].as_mut_ptr();
+                            crypt(p, p, size);
                         }
-                        3 => {
-                            lane.run(&job, &keys, &mut out)?;
-                            bytes += size;
+                        3 => crypt(inputs[next].as_ptr(), outputs_bare[next].as_mut_ptr(), size),
+                        4 => {
+                            let _ = faccessat(
+                                &dir,
+                                "driver",
+                                AccessFlags::F_OK,
+                                AtFlags::AT_EACCESS | AtFlags::AT_SYMLINK_NOFOLLOW,
+                            );
+                            crypt(input.as_ptr(), output.as_mut_ptr(), size);
+                        }
+                        5 => lane.run(&job, &keys, &mut out)?,
+                        6 => lane.run(&lane_jobs[next], &keys, &mut lane_outs[next])?,
+                        7 => {
+                            let r = dispatcher.run_into(&jobs, only.as_ref(), &mut outputs)?;
+                            bytes += r.bytes as usize - size;
                         }
                         _ => {
-                            let r = dispatcher.run_into(&jobs, only.as_ref(), &mut outputs)?;
-                            bytes += r.bytes as usize;
+                            dispatcher.run_into(&one_job, only.as_ref(), &mut one_output)?;
                         }
                     }
+                    bytes += size;
+                    requests += if v == 7 { count } else { 1 };
                 }
+                faults[v].0 += minor_faults() - flt0;
+                faults[v].1 += requests;
                 rates[v].push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e3);
             }
         }
-        println!("--- {size} bytes: rate in 1000s of bytes/s (median, range); ratio to the in-place loop (median of per-round ratios, range)");
+        println!("--- {size} bytes: rate in 1000s of bytes/s (median, range); ratio to the in-place loop (median of per-round ratios, range); minor faults per request");
         for (v, name) in VARIANTS.iter().enumerate() {
-            let ratios: Vec<f64> = rates[v].iter().zip(&rates[0]).map(|(a, b)| a / b).collect();
+            if rates[v].is_empty() {
+                continue;
+            }
+            let per = faults[v].0 as f64 / faults[v].1.max(1) as f64;
             let (rm, rlo, rhi) = summary(&rates[v]);
+            if rates[0].is_empty() {
+                println!("{name:<48} {rm:>10.0}k ({rlo:.0}-{rhi:.0})   faults {per:.3}");
+                continue;
+            }
+            let ratios: Vec<f64> = rates[v].iter().zip(&rates[0]).map(|(a, b)| a / b).collect();
             let (qm, qlo, qhi) = summary(&ratios);
-            println!("{name:<40} {rm:>10.0}k ({rlo:.0}-{rhi:.0})   {qm:.2} ({qlo:.2}-{qhi:.2})");
+            println!("{name:<48} {rm:>10.0}k ({rlo:.0}-{rhi:.0})   {qm:.2} ({qlo:.2}-{qhi:.2})   faults {per:.3}");
         }
     }
     Ok(())
+}
+
+/// This process's minor page faults so far.
+fn minor_faults() -> i64 {
+    // SAFETY: `getrusage` fills the zeroed `rusage` it is given.
+    let mut ru: nix::libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable `struct rusage`.
+    unsafe { nix::libc::getrusage(nix::libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_minflt
 }
 
 /// Median, minimum and maximum.

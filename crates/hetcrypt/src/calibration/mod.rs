@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use lanes::{choose_lanes, LaneChoice, LanesFrom, LANES_TOLERANCE, MAX_CHOSEN_LANES};
+pub use lanes::{choose_lanes, LaneChoice, LanesFrom, LANES_MARGIN, MAX_CHOSEN_LANES};
 pub use measure::{measure, Progress, Settings, Step, DEFAULT_CIPHERS, PROBE_SIZES};
 pub use store::{
     load, load_store, store_path, DriverId, Fingerprint, Loaded, ENV_PATH, FORMAT_VERSION,
