@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Barrier, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Barrier, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::cipher::{Cipher, Direction};
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, JobOutput};
 use crate::key::{Key, KeyId, KeyStore};
 use crate::policy::{
-    EngineMask, EngineMeta, JobMeta, LaneMeta, Plan, Policy, Schedule, MAX_ENGINES,
+    lock, EngineMask, EngineMeta, JobMeta, LaneMeta, Plan, Policy, Schedule, MAX_ENGINES,
 };
 use crate::report::{EngineReport, LaneReport, Report};
 
@@ -82,12 +82,6 @@ const SPARE_TAKE: usize = 4;
 /// Extra room in a lane's result list beyond its even share of the batch, for the
 /// unevenness of pulling (a lane may take a few pulls more than its share).
 const MAX_PULL_SLACK: usize = 64;
-
-/// Locks a mutex, going on with the data if another lane panicked while holding it
-/// (the data here is counters and queues that stay consistent between statements).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// CPU time used so far by the calling thread (zero if the clock cannot be read):
 /// what lanes, the calibration and the OpenSSL provider time their own work by.

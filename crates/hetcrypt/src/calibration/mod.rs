@@ -222,9 +222,9 @@ impl Calibration {
             .find(|c| c.cipher == cipher && c.direction == direction)
     }
 
-    /// How long one request of `len` bytes takes on one lane of `engine` (fixed cost
-    /// plus per-byte cost), or `None` if the engine was not measured for this cipher
-    /// and direction.
+    /// How long one request of `len` bytes takes on one lane of `engine` (from the
+    /// measured points, the fitted line outside them: [`ClassCalibration::seconds`]),
+    /// or `None` if the engine was not measured for this cipher and direction.
     pub fn cost(
         &self,
         engine: &str,
@@ -317,9 +317,23 @@ impl Calibration {
 }
 
 impl ClassCalibration {
-    /// The fitted seconds of one request of `len` bytes on one lane.
+    /// The seconds of one request of `len` bytes on one lane: between two measured
+    /// sizes, on the straight line between their points (at a measured size, its
+    /// point); outside them, the fitted line. One line over 16 B-64 KiB misses the
+    /// points by up to 3x in the soft guest (`docs/results.md`, twenty-second session),
+    /// and near the crossover that picks the wrong engine.
     pub fn seconds(&self, len: usize) -> f64 {
-        self.fixed + self.per_byte * len as f64
+        let measured = || self.points.iter().filter(|p| p.wall > 0.0);
+        let below = measured().filter(|p| p.len <= len).max_by_key(|p| p.len);
+        let above = measured().filter(|p| p.len >= len).min_by_key(|p| p.len);
+        match (below, above) {
+            (Some(lo), Some(hi)) if lo.len == hi.len => lo.wall,
+            (Some(lo), Some(hi)) => {
+                let at = (len - lo.len) as f64 / (hi.len - lo.len) as f64;
+                lo.wall + (hi.wall - lo.wall) * at
+            }
+            _ => self.fixed + self.per_byte * len as f64,
+        }
     }
 
     /// The fitted CPU seconds of the lane's thread for one request of `len` bytes: the
@@ -361,14 +375,72 @@ impl ClassCalibration {
     }
 }
 
-/// Where `b`'s bulk rate, `S_b n / (f_b + p_b n)`, reaches `a`'s for good (see
-/// [`Calibration::crossover`]). The rates compare as a linear function of `n`:
-/// `b >= a` iff `n (S_b p_a - S_a p_b) >= S_a f_b - S_b f_a`.
+/// Where `b`'s bulk rate, `S_b n / t_b(n)`, reaches `a`'s for good (see
+/// [`Calibration::crossover`]): `b >= a` iff `g(n) = S_b t_a(n) - S_a t_b(n) >= 0`.
+/// Above the largest measured size both costs are fitted lines, so `g` is linear there
+/// and [`line_crossover`] answers. Below it, between any two sizes either engine
+/// measured, both costs are straight lines too ([`ClassCalibration::seconds`]): from
+/// the top down, `g` is checked at each measured size and solved inside the span below
+/// it, down to the first size where `b` falls behind.
 fn crossover_of(
     (a, lanes_a): (&ClassCalibration, usize),
     (b, lanes_b): (&ClassCalibration, usize),
 ) -> usize {
     let (sa, sb) = (a.parallelism_up_to(lanes_a), b.parallelism_up_to(lanes_b));
+    let g = |n: usize| sb * a.seconds(n) - sa * b.seconds(n);
+    let mut sizes: Vec<usize> = [0]
+        .into_iter()
+        .chain(a.points.iter().chain(&b.points).map(|p| p.len))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let top = sizes.last().copied().unwrap_or(0);
+    let line = line_crossover((a, sa), (b, sb));
+    if line > top {
+        return line;
+    }
+    // `b` keeps up at every size from `from` up.
+    let mut from = top.saturating_add(1);
+    for span in sizes.windows(2).rev() {
+        let (lo, hi) = (span[0], span[1]);
+        if g(hi) < 0.0 {
+            return from;
+        }
+        from = hi;
+        // Inside (lo, hi) `g` is linear: through its values at lo + 1 and hi - 1.
+        let (x0, x1) = (lo + 1, hi - 1);
+        if x0 > x1 {
+            continue;
+        }
+        let (g0, g1) = (g(x0), g(x1));
+        if g1 < 0.0 {
+            return from;
+        }
+        if g0 < 0.0 {
+            // The first size in (x0, x1] where `g` is not negative.
+            let step = (x1 - x0) as f64 * -g0 / (g1 - g0);
+            let mut n = (x0 + (step.ceil() as usize)).clamp(x0 + 1, x1);
+            while n > x0 + 1 && g(n - 1) >= 0.0 {
+                n -= 1;
+            }
+            while n < x1 && g(n) < 0.0 {
+                n += 1;
+            }
+            return n;
+        }
+        from = x0;
+    }
+    if g(0) >= 0.0 {
+        0
+    } else {
+        from
+    }
+}
+
+/// [`crossover_of`] for two fitted lines `f + p n` at parallelism `S`: the rates
+/// compare as a linear function of `n`, `b >= a` iff
+/// `n (S_b p_a - S_a p_b) >= S_a f_b - S_b f_a`.
+fn line_crossover((a, sa): (&ClassCalibration, f64), (b, sb): (&ClassCalibration, f64)) -> usize {
     let slope = sb * a.per_byte - sa * b.per_byte;
     let offset = sa * b.fixed - sb * a.fixed;
     if slope > 0.0 {
@@ -600,6 +672,65 @@ pub(crate) mod tests {
         cal.mixes[0].points[0].together = [2e6, 40e6];
         assert!(gain(&cal, 65536) < 1.0 && gain(&cal, 4096) < 1.0);
         assert!((gain(&cal, 1024) - 1.2).abs() < 1e-9);
+    }
+
+    /// Between measured sizes a cost follows the points (a store's points are off the
+    /// fitted line by up to 3x in the soft guest), the line only outside them.
+    #[test]
+    fn cost_follows_the_measured_points_and_the_line_outside_them() {
+        let mut cal = cpu_and_module();
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let line = |n: usize| 1e-6 + 10e-9 * n as f64;
+        let at = |n| PROBE_SIZES.iter().position(|&p| p == n).unwrap();
+        let points = &mut cal.engines[0].classes[0].points;
+        points[at(1024)].wall = 3.0 * line(1024);
+        points[at(4096)].wall = 0.5 * line(4096);
+        let cost = |cal: &Calibration, n| cal.cost("cpu", c, d, n).unwrap().as_secs_f64();
+        // Within a nanosecond, a Duration's resolution.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9;
+        assert!(close(cost(&cal, 1024), 3.0 * line(1024)));
+        assert!(close(cost(&cal, 4096), 0.5 * line(4096)));
+        // A third of the way from 1 KiB to 4 KiB.
+        let between = 3.0 * line(1024) + (0.5 * line(4096) - 3.0 * line(1024)) / 3.0;
+        assert!(close(cost(&cal, 2048), between), "{}", cost(&cal, 2048));
+        // Untouched points and sizes outside them: the line.
+        assert!(close(cost(&cal, 256), line(256)));
+        assert!(close(cost(&cal, 8), line(8)));
+        assert!(close(cost(&cal, 1 << 20), line(1 << 20)));
+        // A point not measured (no time) is passed over.
+        cal.engines[0].classes[0].points[at(1024)].wall = 0.0;
+        let over = line(256) + (0.5 * line(4096) - line(256)) * (1024.0 - 256.0) / 3840.0;
+        assert!(close(cost(&cal, 1024), over), "{}", cost(&cal, 1024));
+    }
+
+    /// The crossover follows the points too: a cpu measured 3x slower than its line at
+    /// 16 KiB loses to the module from ~8.6 KB, where the lines meet only at 22 KB;
+    /// and one measured slower at 1 KiB alone does not hand the module the sizes above.
+    #[test]
+    fn crossover_follows_the_measured_points() {
+        let mut cal = cpu_and_module();
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let at = |n| PROBE_SIZES.iter().position(|&p| p == n).unwrap();
+        let (cpu, kernel) = (|n: f64| 1e-6 + 10e-9 * n, |n: f64| 200e-6 + 1e-9 * n);
+        cal.engines[0].classes[0].points[at(16384)].wall = 3.0 * cpu(16384.0);
+        // Between 4 KiB and 16 KiB both costs are straight lines; they meet at
+        // 4096 + k with k (slope_cpu - slope_kernel) = kernel(4096) - cpu(4096).
+        let slope = |lo: f64, hi: f64| (hi - lo) / 12288.0;
+        let slope_cpu = slope(cpu(4096.0), 3.0 * cpu(16384.0));
+        let slope_kernel = slope(kernel(4096.0), kernel(16384.0));
+        let k = (kernel(4096.0) - cpu(4096.0)) / (slope_cpu - slope_kernel);
+        let n = cal.crossover(c, d, "cpu", "kernel").unwrap();
+        assert!(n.abs_diff(4096 + k.ceil() as usize) <= 1, "{n} against {k}");
+        // A module ahead at one size below where it stays ahead moves nothing.
+        let mut one = cpu_and_module();
+        one.engines[0].classes[0].points[at(1024)].wall = 1e-3;
+        let n = one.crossover(c, d, "cpu", "kernel").unwrap();
+        assert!((22_111..=22_112).contains(&n), "{n}");
+        // Behind at the largest measured size, ahead by the lines above it: from just
+        // above that size.
+        let mut top = cpu_and_module();
+        top.engines[1].classes[0].points[at(65536)].wall = 1.0;
+        assert_eq!(top.crossover(c, d, "cpu", "kernel"), Some(65537));
     }
 
     #[test]

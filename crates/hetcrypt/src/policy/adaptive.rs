@@ -25,12 +25,12 @@ pub mod model;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use self::model::{decide, Cost, Decision, Estimate, SharedEstimate, View};
 use super::queue::{live_engines, JobList, ListBuilder};
-use super::{EngineMask, JobMeta, Plan, Policy, Schedule};
+use super::{lock, EngineMask, JobMeta, Plan, Policy, Schedule};
 use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
 use crate::error::Result;
@@ -92,21 +92,17 @@ impl Knowledge {
     /// (the stored cost of the bucket's smallest length, padding included), corrected
     /// by how far this engine's own measurements moved from the store on a nearby
     /// class ([`Knowledge::drift`]).
-    fn estimate(&mut self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Estimate {
-        if let Some(e) = self.costs.get(&(id, cipher, direction, b)) {
-            return *e;
+    fn estimate(&mut self, key: ModelKey) -> Estimate {
+        if !self.costs.contains_key(&key) {
+            if let Some(cost) = self.stored(key).map(|s| s * self.drift(key)) {
+                self.costs.insert(key, Estimate::seeded(cost, cost));
+            }
         }
-        let Some(stored) = self.stored(id, cipher, direction, b) else {
-            return Estimate::default();
-        };
-        let cost = stored * self.drift(id, cipher, direction, b);
-        let seeded = Estimate::seeded(cost, cost);
-        self.costs.insert((id, cipher, direction, b), seeded);
-        seeded
+        self.costs.get(&key).copied().unwrap_or_default()
     }
 
     /// The calibration's cost of one job of bucket `b` on engine `id`, in seconds.
-    fn stored(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
+    fn stored(&self, (id, cipher, direction, b): ModelKey) -> Option<f64> {
         let (cal, len) = (self.seed.as_ref()?, model::bucket_floor(b));
         let cost = cal.cost(&self.engines[id].0, cipher, direction, len)?;
         Some(cost.as_secs_f64())
@@ -119,19 +115,16 @@ impl Knowledge {
     /// the engine alone; what the engine costs in this process now (through the
     /// dispatcher, under this load) is what a batch will pay, and a class the engine
     /// has not run yet starts from the store scaled by it.
-    fn drift(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> f64 {
+    fn drift(&self, (id, cipher, direction, b): ModelKey) -> f64 {
         self.costs
             .iter()
             .filter(|(&(i, c, d, ob), e)| {
-                i == id
-                    && c == cipher
-                    && d == direction
+                (i, c, d) == (id, cipher, direction)
                     && ob.abs_diff(b) <= DRIFT_REACH
                     && e.samples() >= model::WINDOW + DRIFT_MIN_OWN
             })
-            .filter_map(|(&(_, _, _, ob), e)| {
-                let stored = self.stored(id, cipher, direction, ob)?;
-                let learned = e.cost()?.wall;
+            .filter_map(|(&key @ (_, _, _, ob), e)| {
+                let (stored, learned) = (self.stored(key)?, e.cost()?.wall);
                 (stored > 0.0 && learned > 0.0).then_some((ob.abs_diff(b), ob, learned / stored))
             })
             .min_by_key(|&(distance, ob, _)| (distance, ob))
@@ -139,7 +132,7 @@ impl Knowledge {
     }
 
     /// The calibration's mix gain for engine `id` on a class (see [`model::MIX_GAIN`]).
-    fn gain(&self, id: usize, cipher: Cipher, direction: Direction, b: usize) -> Option<f64> {
+    fn gain(&self, (id, cipher, direction, b): ModelKey) -> Option<f64> {
         let (cal, len) = (self.seed.as_ref()?, model::bucket_floor(b));
         cal.mix_gain(&self.engines[id].0, cipher, direction, len)
     }
@@ -147,11 +140,10 @@ impl Knowledge {
     /// Whether engine `id`'s estimate of a class is to be re-measured alone (see
     /// [`Knowledge::checked`]).
     fn check_due(&self, key: ModelKey, estimate: &Estimate) -> bool {
-        estimate.cost().is_some_and(|c| {
-            self.checked
-                .get(&key)
-                .is_none_or(|&alone| c.wall > alone * model::FAST_DOWN)
-        })
+        let alone = self.checked.get(&key);
+        estimate
+            .cost()
+            .is_some_and(|c| alone.is_none_or(|&a| c.wall > a * model::FAST_DOWN))
     }
 
     /// The position of engine `name` with `lanes` lanes in `engines`, added if new.
@@ -166,12 +158,6 @@ impl Knowledge {
 
 /// The model shared by an [`Adaptive`] value and its schedules.
 type Model = Arc<Mutex<Knowledge>>;
-
-/// Locks a mutex, going on with the data if a lane panicked while holding it (estimates
-/// and a lane's state stay usable).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The adaptive policy. Clones share one learned model.
 #[derive(Clone, Debug, Default)]
@@ -224,7 +210,7 @@ impl Adaptive {
         let mut out: Vec<LearnedCost> = known
             .costs
             .iter()
-            .map(|(&(id, cipher, direction, b), e)| LearnedCost {
+            .map(|(&key @ (id, cipher, direction, b), e)| LearnedCost {
                 engine: known.engines[id].0.clone(),
                 lanes: known.engines[id].1,
                 cipher,
@@ -232,7 +218,7 @@ impl Adaptive {
                 min_len: model::bucket_floor(b),
                 cost: e.cost(),
                 samples: e.samples(),
-                mix_gain: known.gain(id, cipher, direction, b),
+                mix_gain: known.gain(key),
             })
             .collect();
         out.sort_by_key(|l| (l.engine.clone(), l.cipher, l.direction, l.min_len));
@@ -324,14 +310,13 @@ struct AdaptiveSchedule {
     gains: Vec<Option<f64>>,
     /// Per engine and class: probes started while the engine had no estimate.
     probes: Vec<AtomicUsize>,
-    /// Per engine: whether it may re-measure a class in this batch (see
-    /// [`model::REMEASURE_EVERY`]), and the pulls it re-measured; per engine and key,
-    /// whether it is due a re-measurement sooner ([`Knowledge::checked`]), and whether
-    /// it measured the class alone in this batch.
+    /// Per engine and key: whether the engine may re-measure the class in this batch
+    /// (its turn, see [`model::REMEASURE_EVERY`], or due sooner, see
+    /// [`Knowledge::checked`]), and whether it measured the class alone in this batch;
+    /// per engine, the pulls it re-measured.
     remeasure_due: Vec<bool>,
-    remeasured: Vec<AtomicU32>,
-    check_due: Vec<bool>,
     alone: Vec<AtomicBool>,
+    remeasured: Vec<AtomicU32>,
     /// The engine (plus one; 0: none) re-measuring in this batch, chosen as the lanes
     /// start: the other engines' lanes wait until it is done ([`View::held`]).
     checker: AtomicUsize,
@@ -422,20 +407,17 @@ impl AdaptiveSchedule {
 
         let n_engines = plan.engines.len();
         let mut known = lock(&learned);
-        let ids: Vec<usize> = plan
-            .engines
-            .iter()
-            .map(|e| known.engine(&e.name, e.lanes))
-            .collect();
-        let (mut estimates, mut gains, mut remeasure_due) = (Vec::new(), Vec::new(), Vec::new());
-        let mut check_due = Vec::new();
-        for &id in &ids {
-            remeasure_due.push(known.engines[id].2 >= model::REMEASURE_EVERY);
+        let (mut ids, mut estimates, mut gains, mut remeasure_due) =
+            (vec![], vec![], vec![], vec![]);
+        for engine in plan.engines {
+            let id = known.engine(&engine.name, engine.lanes);
+            ids.push(id);
+            let turn = known.engines[id].2 >= model::REMEASURE_EVERY;
             for &(c, d, b) in &keys {
-                let estimate = known.estimate(id, c, d, b);
-                check_due.push(known.check_due((id, c, d, b), &estimate));
+                let estimate = known.estimate((id, c, d, b));
+                remeasure_due.push(turn || known.check_due((id, c, d, b), &estimate));
                 estimates.push(SharedEstimate::new(estimate));
-                gains.push(known.gain(id, c, d, b));
+                gains.push(known.gain((id, c, d, b)));
             }
         }
         drop(known);
@@ -443,10 +425,9 @@ impl AdaptiveSchedule {
             probes: (0..n_engines * classes.len())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
+            alone: gains.iter().map(|_| AtomicBool::new(false)).collect(),
             remeasure_due,
             remeasured: (0..n_engines).map(|_| AtomicU32::new(0)).collect(),
-            alone: check_due.iter().map(|_| AtomicBool::new(false)).collect(),
-            check_due,
             checker: AtomicUsize::new(0),
             starts: (0..n_engines).map(|_| AtomicU64::new(0)).collect(),
             classes,
@@ -488,10 +469,8 @@ impl AdaptiveSchedule {
             if self.lanes(e) > 0 && !matches!(decision, Decision::Wait | Decision::Done) {
                 needed.insert(e);
             }
-            if matches!(decision, Decision::Remeasure(_))
-                && self.checker.load(Ordering::Relaxed) == 0
-            {
-                self.checker.store(e + 1, Ordering::Relaxed);
+            if matches!(decision, Decision::Remeasure(_)) && *self.checker.get_mut() == 0 {
+                *self.checker.get_mut() = e + 1;
             }
         }
         self.planning = false;
@@ -505,11 +484,9 @@ impl AdaptiveSchedule {
         }
         self.needed = needed;
         // One engine left that can run every class: the batch is its alone.
-        if needed.count() == 1 {
-            let e = needed.0.trailing_zeros() as usize;
-            if self.classes.iter().all(|c| c.engines.contains(e)) {
-                self.sole = Some(e);
-            }
+        let e = needed.0.trailing_zeros() as usize;
+        if needed.count() == 1 && self.classes.iter().all(|c| c.engines.contains(e)) {
+            self.sole = Some(e);
         }
     }
 
@@ -523,8 +500,7 @@ impl AdaptiveSchedule {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         // Taking the lock orders this wake-up after any waiter's last check; a lane
         // that starts waiting later decides again under the lock first.
-        let waiting = *lock(&self.wait);
-        if waiting > 0 {
+        if *lock(&self.wait) > 0 {
             self.wake.notify_all();
         }
     }
@@ -595,6 +571,7 @@ impl AdaptiveSchedule {
                 && self.take(q, max, out)
             {
                 state.streak = Some((epoch, q));
+                state.streak_pulls = state.streak_pulls.wrapping_add(1);
                 return Some((q, None));
             }
         }
@@ -653,8 +630,7 @@ impl AdaptiveSchedule {
                 }
             };
             // A re-measurement: CHECK_PULLS a batch per engine, whichever lanes get them.
-            let remeasure = decision == Decision::Remeasure(q);
-            if (!remeasure
+            if (decision != Decision::Remeasure(q)
                 || self.remeasured[engine].fetch_add(1, Ordering::AcqRel) < model::CHECK_PULLS)
                 && self.take(q, max, out)
             {
@@ -794,7 +770,9 @@ impl View for AdaptiveSchedule {
     }
 
     fn cost(&self, e: usize, q: usize) -> Option<Cost> {
-        self.estimates[self.slot(e, self.classes[q].key)].cost()
+        self.estimates[self.slot(e, self.classes[q].key)]
+            .get()
+            .cost()
     }
 
     fn probes(&self, e: usize, q: usize) -> usize {
@@ -806,7 +784,7 @@ impl View for AdaptiveSchedule {
     }
 
     fn may_remeasure(&self, e: usize, q: usize) -> bool {
-        (self.remeasure_due[e] || self.check_due[self.slot(e, self.classes[q].key)])
+        self.remeasure_due[self.slot(e, self.classes[q].key)]
             && self.remeasured[e].load(Ordering::Relaxed) < model::CHECK_PULLS
             && (self.planning || self.checker.load(Ordering::Acquire) == e + 1)
     }
@@ -817,11 +795,10 @@ impl View for AdaptiveSchedule {
     }
 
     fn start_cost(&self, e: usize) -> f64 {
-        if self.planning || !self.needed.contains(e) {
-            LANE_START.as_secs_f64()
-        } else {
-            0.0
+        if !self.planning && self.needed.contains(e) {
+            return 0.0;
         }
+        LANE_START.as_secs_f64()
     }
 }
 
@@ -839,11 +816,8 @@ impl Schedule for AdaptiveSchedule {
         let Some((q, decision)) = self.choose(engine, max, out, &mut state) else {
             return false;
         };
-        if decision.is_none() {
-            state.streak_pulls = state.streak_pulls.wrapping_add(1);
-            if !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
-                return true;
-            }
+        if decision.is_none() && !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
+            return true;
         }
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
         let jobs = out.len() - before;
@@ -882,25 +856,21 @@ impl Drop for AdaptiveSchedule {
     fn drop(&mut self) {
         let mut known = lock(&self.learned);
         for (e, &id) in self.ids.iter().enumerate() {
-            let since = &mut known.engines[id].2;
-            *since = if *self.remeasured[e].get_mut() > 0 {
-                0
-            } else {
-                since.saturating_add(1)
-            };
+            // Batches since the engine last re-measured a class.
+            let (remeasured, n) = (*self.remeasured[e].get_mut() > 0, &mut known.engines[id].2);
+            *n = if remeasured { 0 } else { n.saturating_add(1) };
             // Only an engine's own lanes book its estimates: one that timed no pull
             // (left out of the batch) learned nothing new.
-            if self.starts[e].load(Ordering::Acquire) == 0 {
-                continue;
-            }
-            for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
-                let slot = self.slot(e, k);
-                let estimate = self.estimates[slot].get();
-                if estimate.samples() > 0 {
-                    known.costs.insert((id, cipher, direction, b), estimate);
-                }
-                if let (true, Some(c)) = (*self.alone[slot].get_mut(), estimate.cost()) {
-                    known.checked.insert((id, cipher, direction, b), c.wall);
+            if *self.starts[e].get_mut() > 0 {
+                for (k, &(cipher, direction, b)) in self.keys.iter().enumerate() {
+                    let slot = self.slot(e, k);
+                    let estimate = self.estimates[slot].get();
+                    if estimate.samples() > 0 {
+                        known.costs.insert((id, cipher, direction, b), estimate);
+                    }
+                    if let (true, Some(c)) = (*self.alone[slot].get_mut(), estimate.cost()) {
+                        known.checked.insert((id, cipher, direction, b), c.wall);
+                    }
                 }
             }
         }
@@ -1057,7 +1027,7 @@ mod tests {
                 let id = known.engine("cpu", 1);
                 let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
                 let b = model::bucket(len);
-                let twice = 2.0 * known.stored(id, c, d, b).expect("stored");
+                let twice = 2.0 * known.stored((id, c, d, b)).expect("stored");
                 let mut e = Estimate::seeded(twice, twice);
                 for _ in 0..own {
                     e.observe(twice, twice);
@@ -1117,39 +1087,39 @@ mod tests {
         let (near, b) = (model::bucket(4096), model::bucket(16384));
         let cal = crate::calibration::tests::cpu_and_module;
         let mut known = knowledge(cal());
-        assert_eq!(known.drift(0, c, d, b), 1.0, "nothing learned");
-        let stored = |k: &Knowledge, id| k.stored(id, c, d, near).expect("stored");
+        assert_eq!(known.drift((0, c, d, b)), 1.0, "nothing learned");
+        let stored = |k: &Knowledge, id| k.stored((id, c, d, near)).expect("stored");
         for (cipher, direction) in [(Cipher::AES_256_CBC, d), (c, Direction::Decrypt)] {
             let mut k = knowledge(cal());
             let three = 3.0 * stored(&k, 0);
             learn(&mut k, (0, cipher, direction, near), three);
-            assert_eq!(k.drift(0, c, d, b), 1.0, "{cipher} {direction}");
+            assert_eq!(k.drift((0, c, d, b)), 1.0, "{cipher} {direction}");
         }
         // The module's samples are the module's.
         let three = 3.0 * stored(&known, 1);
         learn(&mut known, (1, c, d, near), three);
-        assert_eq!(known.drift(0, c, d, b), 1.0);
-        assert!((known.drift(1, c, d, b) - 3.0).abs() < 1e-9);
+        assert_eq!(known.drift((0, c, d, b)), 1.0);
+        assert!((known.drift((1, c, d, b)) - 3.0).abs() < 1e-9);
         // The cpu's own, twice the store.
         let twice = 2.0 * stored(&known, 0);
         learn(&mut known, (0, c, d, near), twice);
-        assert!((known.drift(0, c, d, b) - 2.0).abs() < 1e-9);
+        assert!((known.drift((0, c, d, b)) - 2.0).abs() < 1e-9);
         // Below the store too, down to 1 / DRIFT_CAP.
         let half = stored(&known, 0) / 2.0;
         learn(&mut known, (0, c, d, near), half);
-        assert!((known.drift(0, c, d, b) - 0.5).abs() < 1e-9);
+        assert!((known.drift((0, c, d, b)) - 0.5).abs() < 1e-9);
         let tenth = stored(&known, 0) / 10.0;
         learn(&mut known, (0, c, d, near), tenth);
-        assert_eq!(known.drift(0, c, d, b), 1.0 / DRIFT_CAP);
+        assert_eq!(known.drift((0, c, d, b)), 1.0 / DRIFT_CAP);
         // A learned cost of zero says nothing.
         learn(&mut known, (0, c, d, near), 0.0);
-        assert_eq!(known.drift(0, c, d, b), 1.0, "learned zero");
+        assert_eq!(known.drift((0, c, d, b)), 1.0, "learned zero");
         // Nor does a stored cost of zero (a class the store measured as free).
         let mut free = cal();
         free.engines[0].classes[0] = crate::calibration::tests::class(c, d, 0.0, 0.0, 1.0);
         let mut known = knowledge(free);
         learn(&mut known, (0, c, d, near), 1e-4);
-        assert_eq!(known.drift(0, c, d, b), 1.0, "stored zero");
+        assert_eq!(known.drift((0, c, d, b)), 1.0, "stored zero");
     }
 
     /// A class is checked alone again where it never was, or where its estimate has grown
@@ -1460,7 +1430,7 @@ mod tests {
         // The old rule (no check before REMEASURE_EVERY batches) ran the cpu alone.
         let (engines, lanes) = cpu_and_kernel();
         let mut s = schedule(&flat_store(1e-3, 2e-3), &jobs, &engines, &lanes, 1);
-        s.check_due.fill(false);
+        s.remeasure_due.fill(false);
         s.leave_out_idle_engines();
         assert_eq!(s.engines_needed(), EngineMask(1));
     }
@@ -1490,7 +1460,7 @@ mod tests {
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([256; 400]);
         let mut s = schedule(&flat_store(0.5e-3, 1e-3), &jobs, &engines, &lanes, 1);
-        s.check_due.fill(false);
+        s.remeasure_due.fill(false);
         let start = LANE_START.as_secs_f64();
         assert_eq!(
             (s.start_cost(0), s.start_cost(1)),

@@ -14,7 +14,7 @@ pub mod queue;
 mod round_robin;
 pub mod threshold;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use adaptive::Adaptive;
@@ -35,6 +35,13 @@ pub struct EngineMask(pub u64);
 
 /// Most engines one dispatcher can hold (one bit each in an [`EngineMask`]).
 pub const MAX_ENGINES: usize = 64;
+
+/// Locks a mutex, going on with the data if a lane panicked while holding it: the
+/// dispatcher's and the policies' shared state (counters, queues, estimates, a lane's
+/// state) stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl EngineMask {
     /// Whether engine `engine` is in the set.

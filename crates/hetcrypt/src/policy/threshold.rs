@@ -22,12 +22,12 @@
 //!   QAT_Engine's, this threshold is set once.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::adaptive::model::{self, Estimate, SharedEstimate};
 use super::queue::{live_engines, GroupedQueue};
-use super::{EngineMask, Plan, Policy, Schedule};
+use super::{lock, EngineMask, Plan, Policy, Schedule};
 use crate::calibration::Calibration;
 use crate::cipher::{Cipher, Direction};
 use crate::engine::EngineKind;
@@ -35,11 +35,6 @@ use crate::error::Result;
 
 /// Estimates across batches: engine name and lane count, cipher, direction, size bucket.
 type ModelKey = (String, usize, Cipher, Direction, usize);
-
-/// Locks a mutex, going on with the data if a lane panicked while holding it.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Where the threshold comes from.
 #[derive(Clone, Debug)]

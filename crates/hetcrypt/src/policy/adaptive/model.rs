@@ -130,23 +130,18 @@ impl Estimate {
 
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
     /// the last [`WINDOW`] samples.
-    pub fn observe(&mut self, wall: f64, cpu: f64) {
+    pub fn observe(&mut self, mut wall: f64, mut cpu: f64) {
         // Of the first two samples (the first a warm-up) the lower starts the estimate;
         // then a plain mean until `WINDOW` samples are in, then a moving average.
         if self.samples < MIN_SAMPLES {
             if self.samples == 0 || self.wall <= 0.0 || wall < self.wall {
-                self.wall = wall;
-                self.cpu = cpu;
+                (self.wall, self.cpu) = (wall, cpu);
             }
         } else {
-            let (wall, cpu) = if self.wall > 0.0 {
-                (
-                    wall.min(self.wall * OUTLIER_CAP),
-                    cpu.min(self.cpu.max(self.wall) * OUTLIER_CAP),
-                )
-            } else {
-                (wall, cpu)
-            };
+            if self.wall > 0.0 {
+                wall = wall.min(self.wall * OUTLIER_CAP);
+                cpu = cpu.min(self.cpu.max(self.wall) * OUTLIER_CAP);
+            }
             let mut alpha = 1.0 / f64::from((self.samples + 2 - MIN_SAMPLES).min(WINDOW));
             if wall * FAST_DOWN < self.wall {
                 alpha = alpha.max(0.5);
@@ -163,8 +158,7 @@ impl Estimate {
     /// samples slowed beside other lanes; any other counts as [`Estimate::observe`].
     pub fn check(&mut self, wall: f64, cpu: f64) {
         if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
-            (self.wall, self.cpu) = (wall, cpu);
-            self.samples = self.samples.saturating_add(1);
+            (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
         } else {
             self.observe(wall, cpu);
         }
@@ -218,26 +212,27 @@ impl SharedEstimate {
     /// Adds one job's measured wall and CPU time; returns whether this sample made the
     /// estimate usable (so waiting lanes can reconsider).
     pub fn observe(&self, wall: f64, cpu: f64) -> bool {
-        let mut e = self.get();
-        e.observe(wall, cpu);
-        self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
-        self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
-        let before = self.samples.fetch_add(1, Ordering::Release);
-        before + 1 == MIN_SAMPLES
-    }
-
-    /// Adds a sample of the engine measured alone ([`Estimate::check`]).
-    pub fn check(&self, wall: f64, cpu: f64) {
-        let mut e = self.get();
-        e.check(wall, cpu);
-        self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
-        self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
-        self.samples.fetch_add(1, Ordering::Release);
+        self.update(|e| e.observe(wall, cpu)) + 1 == MIN_SAMPLES
     }
 
     /// The estimate, once usable.
     pub fn cost(&self) -> Option<Cost> {
         self.get().cost()
+    }
+
+    /// Adds a sample of the engine measured alone ([`Estimate::check`]).
+    pub fn check(&self, wall: f64, cpu: f64) {
+        self.update(|e| e.check(wall, cpu));
+    }
+
+    /// Applies `add` (one sample) to the current value and stores the result; returns
+    /// the samples before it.
+    fn update(&self, add: impl FnOnce(&mut Estimate)) -> u32 {
+        let mut e = self.get();
+        add(&mut e);
+        self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
+        self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
+        self.samples.fetch_add(1, Ordering::Release)
     }
 }
 
@@ -304,8 +299,7 @@ pub enum Decision {
 /// smaller size it knows (see [`PROBE_SAFETY`]).
 fn upper_bound<V: View + ?Sized>(v: &V, me: usize, q: usize) -> Option<f64> {
     let (known, c) = v.smaller_known(me, q)?;
-    let from = bucket_floor(known).max(1) as f64;
-    Some(c.wall * v.max_len(q) as f64 / from)
+    Some(c.wall * v.max_len(q) as f64 / bucket_floor(known).max(1) as f64)
 }
 
 /// The engine that would finish class `q` soonest on its own: most lanes per second of
@@ -314,23 +308,17 @@ fn best_single<V: View + ?Sized>(v: &V, q: usize) -> Option<usize> {
     let mask = v.class_engines(q);
     (0..v.engines())
         .filter(|&o| mask.contains(o) && v.lanes(o) > 0)
-        .filter_map(|o| {
-            let wall = v.cost(o, q)?.wall;
-            (wall > 0.0).then(|| (o, v.lanes(o) as f64 / wall))
-        })
+        .filter_map(|o| Some((o, v.cost(o, q).filter(|c| c.wall > 0.0)?.wall)))
+        .map(|(o, wall)| (o, v.lanes(o) as f64 / wall))
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(o, _)| o)
 }
 
 /// Whether engine `e` passes the cost rule for class `q` (see the module documentation).
 fn worth<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> bool {
-    if steal <= 0.0 {
-        return true;
-    }
-    match best_single(v, q) {
-        Some(best) if best != e => v.gain(e, q).is_some_and(|g| g >= MIX_GAIN),
-        _ => true,
-    }
+    steal <= 0.0
+        || best_single(v, q).is_none_or(|best| best == e)
+        || v.gain(e, q).is_some_and(|g| g >= MIX_GAIN)
 }
 
 /// Jobs per second that every lane but one lane of `me` completes on class `q`, counting
@@ -338,15 +326,10 @@ fn worth<V: View + ?Sized>(v: &V, e: usize, q: usize, steal: f64) -> bool {
 fn others_rate<V: View + ?Sized>(v: &V, me: usize, q: usize, steal: f64) -> f64 {
     let mask = v.class_engines(q);
     let mut rate = 0.0;
-    for e in (0..v.engines()).filter(|&e| mask.contains(e)) {
-        let lanes = v.lanes(e) - usize::from(e == me).min(v.lanes(e));
-        if lanes == 0 {
-            continue;
-        }
-        if let Some(c) = v.cost(e, q).filter(|c| c.wall > 0.0) {
-            if worth(v, e, q, steal) {
-                rate += lanes as f64 / c.wall;
-            }
+    for e in (0..v.engines()).filter(|&e| mask.contains(e) && worth(v, e, q, steal)) {
+        let lanes = v.lanes(e).saturating_sub(usize::from(e == me));
+        if let Some(c) = v.cost(e, q).filter(|c| c.wall > 0.0 && lanes > 0) {
+            rate += lanes as f64 / c.wall;
         }
     }
     rate
@@ -364,9 +347,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
     let steal = v.steal();
     // Time the other lanes would need for all remaining work (fluid estimate), and how
     // much remains.
-    let mut others_time = 0.0;
-    let mut remaining = 0;
-    let mut mine = false;
+    let (mut others_time, mut remaining, mut mine) = (0.0, 0, false);
     for q in 0..v.classes() {
         let n = v.remaining(q);
         if n == 0 {
@@ -375,9 +356,7 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
         remaining += n;
         mine |= v.class_engines(q).contains(me);
         let rate = others_rate(v, me, q, steal);
-        if rate > 0.0 {
-            others_time += n as f64 / rate;
-        }
+        others_time += if rate > 0.0 { n as f64 / rate } else { 0.0 };
     }
     if !mine {
         return Decision::Done;
@@ -400,11 +379,10 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
         let (mut others_exist, mut others_known, mut best_other) = (false, false, f64::INFINITY);
         for e in (0..v.engines()).filter(|&e| e != me && mask.contains(e) && v.lanes(e) > 0) {
             others_exist = true;
-            if let Some(c) = v.cost(e, q) {
-                others_known = true;
-                if worth(v, e, q, steal) {
-                    best_other = best_other.min(c.wall);
-                }
+            let cost = v.cost(e, q);
+            others_known |= cost.is_some();
+            if let Some(c) = cost.filter(|_| worth(v, e, q, steal)) {
+                best_other = best_other.min(c.wall);
             }
         }
         if !others_exist {
@@ -417,29 +395,23 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
             let may_probe_q = may_probe && v.probes(me, q) < PROBES;
             let safe = !others_known
                 || upper_bound(v, me, q).is_none_or(|t| PROBE_SAFETY * t <= others_time);
-            if may_probe_q && safe {
-                if probe.is_none_or(|p: (usize, usize)| v.bucket(q) < p.0) {
-                    probe = Some((v.bucket(q), q));
-                }
+            if may_probe_q && safe && probe.is_none_or(|p: (usize, usize)| v.bucket(q) < p.0) {
+                probe = Some((v.bucket(q), q));
             } else if !others_known && !may_probe_q {
                 // Nobody knows better and probing is over: share it as `pull` would.
                 return Decision::Take(q);
             }
             continue;
         };
-        // No lane can finish a job sooner than the fastest other lane.
-        let fastest_other_lane = if v.lanes(me) > 1 {
-            best_other.min(c.wall)
-        } else {
-            best_other
-        };
+        // No lane can finish a job sooner than the fastest other lane (another lane of
+        // this engine's included).
+        let alone = v.lanes(me) <= 1;
+        let fastest_other_lane = best_other.min(if alone { f64::INFINITY } else { c.wall });
         let horizon = others_time.max(fastest_other_lane);
         if !worth(v, me, q, steal) || c.wall > horizon {
-            if remeasure.is_none()
-                && v.may_remeasure(me, q)
-                && others_time
-                    >= REMEASURE_RATIO * (c.wall + v.start_cost(me) / f64::from(REMEASURE_EVERY))
-            {
+            let pull = c.wall + v.start_cost(me) / f64::from(REMEASURE_EVERY);
+            let due = v.may_remeasure(me, q) && others_time >= REMEASURE_RATIO * pull;
+            if remeasure.is_none() && due {
                 remeasure = Some(q);
             }
             continue;
@@ -454,11 +426,10 @@ pub fn decide<V: View + ?Sized>(v: &V, me: usize) -> Decision {
             best = Some(candidate);
         }
     }
-    match (probe, best, remeasure) {
-        (Some((_, q)), _, _) => Decision::Probe(q),
-        (None, Some((_, _, q)), _) => Decision::Take(q),
-        (None, None, Some(q)) => Decision::Remeasure(q),
-        (None, None, None) => Decision::Wait,
+    match (probe, best) {
+        (Some((_, q)), _) => Decision::Probe(q),
+        (None, Some((_, _, q))) => Decision::Take(q),
+        (None, None) => remeasure.map_or(Decision::Wait, Decision::Remeasure),
     }
 }
 
