@@ -7,6 +7,8 @@
 #     --with /usr/lib/x86_64-linux-gnu/engines-3 --env OPENSSL_ENGINES=/opt/hetcrypt/bin/engines-3 \
 #     --with testbed/guest-tests/kernel-lanes.sh \
 #     -- sh /opt/hetcrypt/bin/kernel-lanes.sh 3 >LOG
+#   (about 2.5 min a round with LANES="1 2 default" and CALIBRATE=1 on a quiet 2-core
+#   host: give testbed/run --timeout 1200 for 4 rounds)
 #   python3 testbed/guest-tests/kernel-lanes-table.py LOG...
 # cryptodev-speed: cryptodev's tests/speed (its 5 s per size cut to SPEED_SECONDS), which
 # testbed/run builds and brings (see testbed/lib/cryptodev.sh).
