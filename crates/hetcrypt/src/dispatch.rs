@@ -1875,16 +1875,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn in_line_keeps_every_lane_of_several_engines() {
+    /// A dispatcher over two cpu engines, "a" and "b", of `lanes` lanes each, and the id
+    /// of an AES-128 key of `byte`s in it.
+    fn two_cpu_engines(lanes: [usize; 2], byte: u8) -> (Dispatcher, KeyId) {
         use crate::engine::cpu::CpuEngine;
         let d = Dispatcher::new(vec![
-            CpuEngine::with_lanes(1).named("a").into_engine(),
-            CpuEngine::with_lanes(2).named("b").into_engine(),
+            CpuEngine::with_lanes(lanes[0]).named("a").into_engine(),
+            CpuEngine::with_lanes(lanes[1]).named("b").into_engine(),
         ])
         .unwrap();
+        let key = d.add_key(crate::Key::new(vec![byte; 16])).unwrap();
+        (d, key)
+    }
+
+    #[test]
+    fn in_line_keeps_every_lane_of_several_engines() {
+        let (d, key) = two_cpu_engines([1, 2], 0x25);
         assert!(!d.runs_in_line());
-        let key = d.add_key(crate::Key::new(vec![0x25; 16])).unwrap();
         let jobs = mixed_jobs(key, 300);
         let ran = d
             .run_reusing_in_line(&jobs, &crate::policy::Pull, Vec::new())
@@ -1899,13 +1906,7 @@ mod tests {
     /// index with no work.
     #[test]
     fn a_report_sums_each_engine_from_its_lanes_and_names_unstarted_lanes() {
-        use crate::engine::cpu::CpuEngine;
-        let d = Dispatcher::new(vec![
-            CpuEngine::with_lanes(2).named("a").into_engine(),
-            CpuEngine::with_lanes(2).named("b").into_engine(),
-        ])
-        .unwrap();
-        let key = d.add_key(crate::Key::new(vec![0x26; 16])).unwrap();
+        let (d, key) = two_cpu_engines([2, 2], 0x26);
         let jobs = mixed_jobs(key, 200);
         let total: u64 = jobs.iter().map(|j| j.len() as u64).sum();
         for policy in [
