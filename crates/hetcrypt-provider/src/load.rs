@@ -738,6 +738,21 @@ mod tests {
         assert_eq!(share_of(kernel, wall, usual, 0), None);
     }
 
+    /// A dropped total gives its page back: more totals than a process may hold
+    /// mappings (`vm.max_map_count`, 65,530 by default) are made and dropped one after
+    /// another, and each is still shared.
+    #[test]
+    fn a_dropped_total_unmaps_its_page() {
+        let limit: usize = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(65_530);
+        for i in 0..limit + 100 {
+            let total = SharedTotal::new();
+            assert!(total.is_shared(), "total {i} not mapped");
+        }
+    }
+
     /// nginx's workers are forked from the master that loaded the provider: a module
     /// call's CPU time added in a child shows in the parent's total (and so in every
     /// worker's kernel share), where a count of each process's own would not.

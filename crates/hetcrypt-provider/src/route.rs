@@ -763,6 +763,25 @@ impl Router {
 mod tests {
     use super::*;
 
+    /// The run delay is `schedstat`'s second field for the calling thread, read as the
+    /// file says it between two reads of it.
+    #[test]
+    fn the_run_delay_is_this_thread_s_schedstat() {
+        let read = || {
+            std::fs::read_to_string("/proc/thread-self/schedstat")
+                .ok()
+                .and_then(|s| crate::load::run_delay(&s))
+        };
+        let Some(before) = read() else {
+            // A kernel without CONFIG_SCHED_INFO: the router reads nothing either.
+            assert_eq!(run_delay_ns(), None);
+            return;
+        };
+        let got = run_delay_ns().expect("the file was just read");
+        let after = read().expect("the file was just read");
+        assert!((before..=after).contains(&got), "{before} {got} {after}");
+    }
+
     /// A 1 KiB record in the soft guest: 0.15 ms on the thread's CPU clock, 3.2 ms of
     /// wall time because `wrk` ran meanwhile: the CPU time is the cost.
     #[test]

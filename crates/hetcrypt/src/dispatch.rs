@@ -1802,6 +1802,10 @@ mod tests {
         assert_eq!(sealed.report.engines[0].lanes.len(), 1);
         assert_eq!(sealed.report.engines[0].jobs, 40);
         assert_eq!(sealed.report.bytes, copied.report.bytes);
+        // The lane's own report: started, and the bytes it ran.
+        let lane = &sealed.report.engines[0].lanes[0];
+        assert!(lane.started);
+        assert_eq!(lane.bytes, copied.report.bytes);
         for (j, (a, b)) in copied.outputs.iter().zip(&sealed.outputs).enumerate() {
             let b = b.as_ref().unwrap();
             assert_eq!(a.as_ref().unwrap(), b, "job {j}");
@@ -1924,6 +1928,9 @@ mod tests {
                 assert_eq!(e.busy, lanes.iter().map(|l| l.busy).sum::<Duration>());
                 let indices: Vec<usize> = lanes.iter().map(|l| l.lane).collect();
                 assert_eq!(indices, [0, 1], "{} on {}", policy.name(), e.name);
+                if policy.name() == "pull" {
+                    assert!(lanes.iter().all(|l| l.started), "{}", e.name);
+                }
             }
         }
         let only_a = d.run(&jobs, &crate::policy::Only::new("a")).unwrap().report;
