@@ -87,7 +87,7 @@ struct LaneSlot {
 impl LaneSlot {
     fn lock(&self) -> MutexGuard<'_, Slot> {
         // A panicking lane leaves the slot's plain data consistent: go on with it.
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        super::lock(&self.slot)
     }
 
     /// Closes the slot; returns the jobs it held (handed out but not picked up).
