@@ -1082,7 +1082,7 @@ mod tests {
         }
         let d = Direction::Decrypt;
         assert!(cal
-            .mix_gain("cpu-b", Cipher::AES_128_GCM, d, 4096)
+            .mix_parts("cpu-b", "cpu", Cipher::AES_128_GCM, d, 4096)
             .is_some());
         assert!(cal.cost("cpu-b", Cipher::AES_128_GCM, d, 4096).is_some());
         assert!(cal

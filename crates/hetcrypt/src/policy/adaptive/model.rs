@@ -73,6 +73,16 @@ pub const OUTLIER_CAP: f64 = 4.0;
 /// testbed module's slow first 16 KiB probes took 11 batches to wash out).
 pub const FAST_DOWN: f64 = 1.5;
 
+/// Two samples in a row above this many times a settled estimate ([`WINDOW`] samples)
+/// replace it (the lower of the two), and the lanes decide again: a stall is one sample
+/// ([`OUTLIER_CAP`]); a store far too cheap, or a machine that got slower, is every
+/// sample. In the soft guest the store timed the cpu at 1 KiB on one request repeated,
+/// 6-9x below what 200 distinct files cost it; averaged in at the cap, and sampled once
+/// in [`STREAK_SAMPLE`](super::STREAK_SAMPLE) pulls of a streak that only an event
+/// ends, the cpu kept 33-48 of 200 jobs in every round (`docs/results.md`,
+/// twenty-third session).
+pub const FAST_UP: f64 = 2.0;
+
 /// Samples an estimate needs before it is trusted: the first is discarded (warm-up).
 pub const MIN_SAMPLES: u32 = 2;
 
@@ -115,6 +125,8 @@ pub struct Estimate {
     wall: f64,
     cpu: f64,
     samples: u32,
+    /// The last sample's wall time if it was above [`FAST_UP`] times the estimate, else 0.
+    high: f64,
 }
 
 impl Estimate {
@@ -125,12 +137,22 @@ impl Estimate {
             wall,
             cpu,
             samples: WINDOW,
+            high: 0.0,
         }
     }
 
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
-    /// the last [`WINDOW`] samples.
-    pub fn observe(&mut self, mut wall: f64, mut cpu: f64) {
+    /// the last [`WINDOW`] samples; returns whether it replaced the estimate
+    /// ([`FAST_UP`]).
+    pub fn observe(&mut self, mut wall: f64, mut cpu: f64) -> bool {
+        let high = self.samples >= WINDOW && wall > self.wall * FAST_UP;
+        if high && self.high > 0.0 {
+            let lower = wall.min(self.high);
+            (self.cpu, self.wall, self.high) = (cpu * lower / wall, lower, 0.0);
+            self.samples = self.samples.saturating_add(1);
+            return true;
+        }
+        self.high = if high { wall } else { 0.0 };
         // Of the first two samples (the first a warm-up) the lower starts the estimate;
         // then a plain mean until `WINDOW` samples are in, then a moving average.
         if self.samples < MIN_SAMPLES {
@@ -150,18 +172,24 @@ impl Estimate {
             self.cpu += alpha * (cpu - self.cpu);
         }
         self.samples = self.samples.saturating_add(1);
+        false
     }
 
     /// Adds a sample of the engine measured alone (a re-measurement, the others'
     /// lanes waiting): one far below a usable estimate ([`FAST_DOWN`]) replaces it, since
     /// timing noise only adds time and the estimate came from a wrong store or from
-    /// samples slowed beside other lanes; any other counts as [`Estimate::observe`].
+    /// samples slowed beside other lanes; any other counts as [`Estimate::observe`], but
+    /// never as half of a [`FAST_UP`] pair: a re-measurement's first pull runs cold
+    /// ([`CHECK_PULLS`]), and two of them replaced the soft guest's module estimate at
+    /// 256 B with 4x its cost.
     pub fn check(&mut self, wall: f64, cpu: f64) {
         if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
             (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
         } else {
+            self.high = 0.0;
             self.observe(wall, cpu);
         }
+        self.high = 0.0;
     }
 
     /// The estimate, once it has [`MIN_SAMPLES`] samples.
@@ -188,6 +216,7 @@ pub struct SharedEstimate {
     wall: AtomicU64,
     cpu: AtomicU64,
     samples: AtomicU32,
+    high: AtomicU64,
 }
 
 impl SharedEstimate {
@@ -197,6 +226,7 @@ impl SharedEstimate {
             wall: AtomicU64::new(e.wall.to_bits()),
             cpu: AtomicU64::new(e.cpu.to_bits()),
             samples: AtomicU32::new(e.samples),
+            high: AtomicU64::new(e.high.to_bits()),
         }
     }
 
@@ -206,13 +236,15 @@ impl SharedEstimate {
             wall: f64::from_bits(self.wall.load(Ordering::Relaxed)),
             cpu: f64::from_bits(self.cpu.load(Ordering::Relaxed)),
             samples: self.samples.load(Ordering::Acquire),
+            high: f64::from_bits(self.high.load(Ordering::Relaxed)),
         }
     }
 
     /// Adds one job's measured wall and CPU time; returns whether this sample made the
-    /// estimate usable (so waiting lanes can reconsider).
+    /// estimate usable or replaced it (so waiting lanes and streaks can reconsider).
     pub fn observe(&self, wall: f64, cpu: f64) -> bool {
-        self.update(|e| e.observe(wall, cpu)) + 1 == MIN_SAMPLES
+        let mut replaced = false;
+        self.update(|e| replaced = e.observe(wall, cpu)) + 1 == MIN_SAMPLES || replaced
     }
 
     /// The estimate, once usable.
@@ -232,6 +264,7 @@ impl SharedEstimate {
         add(&mut e);
         self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
         self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
+        self.high.store(e.high.to_bits(), Ordering::Relaxed);
         self.samples.fetch_add(1, Ordering::Release)
     }
 }
@@ -1069,6 +1102,34 @@ mod tests {
         e.observe(6.0, 3.0);
         let wall = e.cost().map_or(0.0, |c| c.wall);
         assert!((wall - 10.0 / 3.0).abs() < 1e-12, "{e:?}");
+    }
+
+    /// Two samples in a row above [`FAST_UP`] times a settled estimate replace it with
+    /// the lower of them, its CPU time in the same proportion; high samples apart only
+    /// average in (capped), and a young estimate takes the plain mean (the test above).
+    #[test]
+    fn two_high_samples_in_a_row_replace_a_settled_estimate() {
+        let mut e = Estimate::seeded(1.0, 1.0);
+        assert!(!e.observe(3.0, 3.0));
+        assert!(!e.observe(1.0, 1.0), "not in a row");
+        assert!(!e.observe(8.0, 8.0));
+        let before = e.cost().map_or(0.0, |c| c.wall);
+        assert!(
+            (before - 1.675_781_25).abs() < 1e-12,
+            "capped, averaged: {before}"
+        );
+        assert!(e.observe(5.0, 2.5));
+        assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((5.0, 2.5)));
+        assert!(
+            !e.observe(11.0, 11.0),
+            "the next high sample starts a new pair"
+        );
+        // Re-measurements are never half of a pair, before or after a sample.
+        let mut e = Estimate::seeded(1.0, 1.0);
+        e.check(3.0, 3.0);
+        assert!(!e.observe(3.0, 3.0));
+        e.check(3.0, 3.0);
+        assert!(!e.observe(3.0, 3.0) && e.cost().is_some_and(|c| c.wall < 2.0));
     }
 
     /// A usable estimate of zero takes a sample uncapped (the cap is a multiple of the
