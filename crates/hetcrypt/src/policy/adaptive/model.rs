@@ -143,9 +143,9 @@ impl Estimate {
 
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
     /// the last [`WINDOW`] samples; returns whether it replaced the estimate
-    /// ([`FAST_UP`]).
-    pub fn observe(&mut self, mut wall: f64, mut cpu: f64) -> bool {
-        let high = self.samples >= WINDOW && wall > self.wall * FAST_UP;
+    /// ([`FAST_UP`], with the sample before it if both `pair`).
+    pub fn observe(&mut self, mut wall: f64, mut cpu: f64, pair: bool) -> bool {
+        let high = pair && self.samples >= WINDOW && wall > self.wall * FAST_UP;
         if high && self.high > 0.0 {
             let lower = wall.min(self.high);
             (self.cpu, self.wall, self.high) = (cpu * lower / wall, lower, 0.0);
@@ -186,8 +186,7 @@ impl Estimate {
         if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
             (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
         } else {
-            self.high = 0.0;
-            self.observe(wall, cpu);
+            self.observe(wall, cpu, false);
         }
         self.high = 0.0;
     }
@@ -242,9 +241,9 @@ impl SharedEstimate {
 
     /// Adds one job's measured wall and CPU time; returns whether this sample made the
     /// estimate usable or replaced it (so waiting lanes and streaks can reconsider).
-    pub fn observe(&self, wall: f64, cpu: f64) -> bool {
+    pub fn observe(&self, wall: f64, cpu: f64, pair: bool) -> bool {
         let mut replaced = false;
-        self.update(|e| replaced = e.observe(wall, cpu)) + 1 == MIN_SAMPLES || replaced
+        self.update(|e| replaced = e.observe(wall, cpu, pair)) + 1 == MIN_SAMPLES || replaced
     }
 
     /// The estimate, once usable.
@@ -490,10 +489,10 @@ mod tests {
     fn one_stall_barely_moves_an_estimate_but_a_load_change_comes_through() {
         let mut e = Estimate::default();
         for _ in 0..20 {
-            e.observe(0.01, 0.01);
+            e.observe(0.01, 0.01, true);
         }
         // A lane descheduled for 10 s in one job: capped at OUTLIER_CAP x 10 ms.
-        e.observe(10.0, 10.0);
+        e.observe(10.0, 10.0, true);
         let after = e.cost().unwrap().wall;
         assert!(
             after <= 0.01 + (OUTLIER_CAP - 1.0) * 0.01 / f64::from(WINDOW) + 1e-12,
@@ -501,16 +500,16 @@ mod tests {
         );
         // Five times slower for good: followed within a few dozen samples.
         for _ in 0..60 {
-            e.observe(0.05, 0.05);
+            e.observe(0.05, 0.05, true);
         }
         assert!((e.cost().unwrap().wall - 0.05).abs() < 0.0005, "{e:?}");
         // A sample far below counts at least half; one a little below, its plain weight.
         let before = e.cost().unwrap().wall;
-        e.observe(0.045, 0.045);
+        e.observe(0.045, 0.045, true);
         let plain = before + (0.045 - before) / f64::from(WINDOW);
         assert!((e.cost().unwrap().wall - plain).abs() < 1e-12);
         let before = e.cost().unwrap().wall;
-        e.observe(0.01, 0.01);
+        e.observe(0.01, 0.01, true);
         assert!((e.cost().unwrap().wall - (before + 0.01) / 2.0).abs() < 1e-12);
     }
 
@@ -534,9 +533,9 @@ mod tests {
     #[test]
     fn estimate_discards_warm_up_then_averages() {
         let mut e = Estimate::default();
-        e.observe(1.0, 0.5); // cold: key schedule, first socket use
+        e.observe(1.0, 0.5, true); // cold: key schedule, first socket use
         assert_eq!(e.cost(), None);
-        e.observe(0.01, 0.005);
+        e.observe(0.01, 0.005, true);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -545,14 +544,14 @@ mod tests {
             })
         );
         for _ in 0..200 {
-            e.observe(0.02, 0.001);
+            e.observe(0.02, 0.001, true);
         }
         let c = e.cost().unwrap();
         assert!((c.wall - 0.02).abs() < 1e-9 && (c.cpu - 0.001).abs() < 1e-9);
         let shared = SharedEstimate::new(Estimate::default());
-        assert!(!shared.observe(1.0, 1.0));
+        assert!(!shared.observe(1.0, 1.0, true));
         assert!(
-            shared.observe(2.0, 1.0),
+            shared.observe(2.0, 1.0, true),
             "the second sample makes it usable"
         );
         // Of the two first samples, the lower starts the estimate.
@@ -566,7 +565,7 @@ mod tests {
     fn a_seeded_estimate_is_settled_and_a_check_far_below_replaces_it() {
         let seeded = SharedEstimate::new(Estimate::seeded(1.0, 0.5));
         assert_eq!(seeded.cost().map(|c| c.wall), Some(1.0));
-        seeded.observe(1.8, 1.8);
+        seeded.observe(1.8, 1.8, true);
         assert!((seeded.cost().unwrap().wall - 1.1).abs() < 1e-12);
         seeded.check(1.9, 1.9);
         assert!((seeded.cost().unwrap().wall - 1.2).abs() < 1e-12);
@@ -811,7 +810,7 @@ mod tests {
                     if check {
                         est.check(wall, wall);
                     } else {
-                        est.observe(wall, wall);
+                        est.observe(wall, wall, true);
                     }
                 }
                 let decision = decide(self, e);
@@ -1076,8 +1075,8 @@ mod tests {
     #[test]
     fn an_estimate_starts_from_the_lower_first_sample_then_takes_the_plain_mean() {
         let mut e = Estimate::default();
-        e.observe(0.0, 0.0);
-        e.observe(0.5, 0.25);
+        e.observe(0.0, 0.0, true);
+        e.observe(0.5, 0.25, true);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -1086,8 +1085,8 @@ mod tests {
             })
         );
         let mut e = Estimate::default();
-        e.observe(1.0, 0.5);
-        e.observe(1.0, 0.25);
+        e.observe(1.0, 0.5, true);
+        e.observe(1.0, 0.25, true);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -1097,9 +1096,9 @@ mod tests {
             "a tie keeps the first sample"
         );
         // The third and fourth samples: the mean of the samples since the warm-up.
-        e.observe(3.0, 1.5);
+        e.observe(3.0, 1.5, true);
         assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((2.0, 1.0)));
-        e.observe(6.0, 3.0);
+        e.observe(6.0, 3.0, true);
         let wall = e.cost().map_or(0.0, |c| c.wall);
         assert!((wall - 10.0 / 3.0).abs() < 1e-12, "{e:?}");
     }
@@ -1110,26 +1109,30 @@ mod tests {
     #[test]
     fn two_high_samples_in_a_row_replace_a_settled_estimate() {
         let mut e = Estimate::seeded(1.0, 1.0);
-        assert!(!e.observe(3.0, 3.0));
-        assert!(!e.observe(1.0, 1.0), "not in a row");
-        assert!(!e.observe(8.0, 8.0));
+        assert!(!e.observe(3.0, 3.0, true));
+        assert!(!e.observe(1.0, 1.0, true), "not in a row");
+        assert!(!e.observe(8.0, 8.0, true));
         let before = e.cost().map_or(0.0, |c| c.wall);
         assert!(
             (before - 1.675_781_25).abs() < 1e-12,
             "capped, averaged: {before}"
         );
-        assert!(e.observe(5.0, 2.5));
+        assert!(e.observe(5.0, 2.5, true));
         assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((5.0, 2.5)));
         assert!(
-            !e.observe(11.0, 11.0),
+            !e.observe(11.0, 11.0, true),
             "the next high sample starts a new pair"
         );
+        // Nor a sample that may not pair (a lane's first pull): before or after.
+        let mut e = Estimate::seeded(1.0, 1.0);
+        assert!(!e.observe(3.0, 3.0, false) && !e.observe(3.0, 3.0, true));
+        assert!(!e.observe(3.0, 3.0, false) && e.cost().is_some_and(|c| c.wall < 2.0));
         // Re-measurements are never half of a pair, before or after a sample.
         let mut e = Estimate::seeded(1.0, 1.0);
         e.check(3.0, 3.0);
-        assert!(!e.observe(3.0, 3.0));
+        assert!(!e.observe(3.0, 3.0, true));
         e.check(3.0, 3.0);
-        assert!(!e.observe(3.0, 3.0) && e.cost().is_some_and(|c| c.wall < 2.0));
+        assert!(!e.observe(3.0, 3.0, true) && e.cost().is_some_and(|c| c.wall < 2.0));
     }
 
     /// A usable estimate of zero takes a sample uncapped (the cap is a multiple of the
@@ -1138,18 +1141,18 @@ mod tests {
     #[test]
     fn an_estimate_caps_outliers_relative_to_itself() {
         let mut zero = Estimate::default();
-        zero.observe(0.0, 0.0);
-        zero.observe(0.0, 0.0);
-        zero.observe(1.0, 1.0);
+        zero.observe(0.0, 0.0, true);
+        zero.observe(0.0, 0.0, true);
+        zero.observe(1.0, 1.0, true);
         assert_eq!(zero.cost().map(|c| c.wall), Some(0.5));
 
         let mut settled = Estimate::seeded(1.0, 1.0);
-        settled.observe(1.0, 10.0);
+        settled.observe(1.0, 10.0, true);
         let cap = 1.0 + (OUTLIER_CAP - 1.0) / f64::from(WINDOW);
         assert_eq!(settled.cost().map(|c| c.cpu), Some(cap));
 
         let mut settled = Estimate::seeded(3.0, 3.0);
-        settled.observe(3.0 / FAST_DOWN, 3.0 / FAST_DOWN);
+        settled.observe(3.0 / FAST_DOWN, 3.0 / FAST_DOWN, true);
         let plain = 3.0 + (3.0 / FAST_DOWN - 3.0) / f64::from(WINDOW);
         assert_eq!(settled.cost().map(|c| c.wall), Some(plain));
     }
