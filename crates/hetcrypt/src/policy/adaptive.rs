@@ -264,11 +264,6 @@ struct Pull {
     full: bool,
     /// A re-measurement, the other engines' lanes waiting ([`SharedEstimate::check`]).
     check: bool,
-    /// Whether the lane took it right after another pull, not first in its batch nor
-    /// after waiting: only such a pull can be half of a [`model::FAST_UP`] pair (a
-    /// module's first request after a pause runs cold, and in a trial boot two lanes'
-    /// first pulls set the module's 1 KiB estimate at several times its cost).
-    warm: bool,
 }
 
 /// What one lane keeps between its calls to `next`. Only the lane's own thread touches
@@ -277,8 +272,6 @@ struct Pull {
 struct LaneState {
     /// The timed pull in progress.
     pull: Option<Pull>,
-    /// Whether the lane's last call took a pull (see [`Pull::warm`]).
-    warm: bool,
     /// A class this lane may keep taking from without deciding again, and the epoch
     /// when that was decided: set while every lane of the other engines waits, so only
     /// an event (which bumps the epoch) can change the answer.
@@ -559,9 +552,7 @@ impl AdaptiveSchedule {
             if self.remeasured[engine].load(Ordering::Acquire) >= model::CHECK_PULLS {
                 self.release(engine);
             }
-        } else if (pull.full || estimate.cost().is_none())
-            && estimate.observe(wall, wall, pull.warm)
-        {
+        } else if (pull.full || estimate.cost().is_none()) && estimate.observe(wall, wall) {
             self.notify();
         }
     }
@@ -612,7 +603,6 @@ impl AdaptiveSchedule {
                     return None;
                 }
                 Decision::Wait => {
-                    state.warm = false;
                     if !announced {
                         // A lane starting to wait may change what the others should
                         // do (it no longer counts on them): let them decide again.
@@ -729,7 +719,6 @@ impl AdaptiveSchedule {
             since: self.origin + Duration::from_nanos(since),
             full: !run.partial.swap(false, Ordering::Relaxed),
             check: false,
-            warm: true,
         };
         self.alone[self.slot(engine, class.key)].store(true, Ordering::Relaxed);
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
@@ -841,7 +830,6 @@ impl Schedule for AdaptiveSchedule {
         let Some((q, decision)) = self.choose(engine, max, out, &mut state) else {
             return false;
         };
-        let warm = std::mem::replace(&mut state.warm, true);
         if decision.is_none() && !state.streak_pulls.is_multiple_of(STREAK_SAMPLE) {
             return true;
         }
@@ -853,7 +841,6 @@ impl Schedule for AdaptiveSchedule {
             since: Instant::now(),
             full: jobs >= max,
             check: matches!(decision, Some(Decision::Remeasure(_))),
-            warm,
         });
         true
     }
@@ -1037,24 +1024,15 @@ mod tests {
         cal.mixes.push(mix("kernel", 30e6, 100e6));
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([65536; 200]);
-        let s = schedule(&Adaptive::seeded(Arc::new(cal)), &jobs, &engines, &lanes, 1);
-        let gain = || s.gain(0, 0).expect("measured");
-        assert!((gain() - 1.3).abs() < 1e-9, "{}", gain());
-        // Two pulls at 7x the stored cost (FAST_UP): the cpu's part is 0.3 / 7.
+        let mut s = schedule(&Adaptive::seeded(Arc::new(cal)), &jobs, &engines, &lanes, 1);
+        assert_eq!(s.slot(0, 0), 0);
+        let gain = |s: &AdaptiveSchedule| s.gain(0, 0).expect("measured");
+        assert!((gain(&s) - 1.3).abs() < 1e-9, "{}", gain(&s));
+        // The cpu's estimate at 7x its stored cost: its part is 0.3 / 7.
         let stored = 1e-6 + 10e-9 * 65536.0;
-        let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 1,
-            since,
-            full: true,
-            check: false,
-            warm: true,
-        };
-        s.book(0, pull, since + Duration::from_secs_f64(7.0 * stored));
-        s.book(0, pull, since + Duration::from_secs_f64(7.0 * stored));
-        assert!((gain() - (1.0 + 0.3 / 7.0)).abs() < 1e-9, "{}", gain());
-        assert!(gain() < model::MIX_GAIN, "the cpu no longer joins");
+        s.estimates[0] = SharedEstimate::new(Estimate::seeded(7.0 * stored, 7.0 * stored));
+        assert!((gain(&s) - (1.0 + 0.3 / 7.0)).abs() < 1e-9, "{}", gain(&s));
+        assert!(gain(&s) < model::MIX_GAIN, "the cpu no longer joins");
     }
 
     /// On one core, from a store that says the module's request floor (200 µs) is
@@ -1103,7 +1081,7 @@ mod tests {
                 let twice = 2.0 * known.stored((id, c, d, b)).expect("stored");
                 let mut e = Estimate::seeded(twice, twice);
                 for _ in 0..own {
-                    e.observe(twice, twice, true);
+                    e.observe(twice, twice);
                 }
                 known.costs.insert((id, c, d, b), e);
             }
@@ -1146,7 +1124,7 @@ mod tests {
     fn learn(known: &mut Knowledge, key: ModelKey, wall: f64) {
         let mut e = Estimate::seeded(wall, wall);
         for _ in 0..DRIFT_MIN_OWN {
-            e.observe(wall, wall, true);
+            e.observe(wall, wall);
         }
         known.costs.insert(key, e);
     }
@@ -1342,71 +1320,12 @@ mod tests {
             since,
             full: true,
             check: false,
-            warm: true,
         };
         // Two pulls of four jobs in 40 ms each (the first is the warm-up).
         s.book(0, pull, since + Duration::from_millis(40));
         s.book(0, pull, since + Duration::from_millis(40));
         let wall = s.estimates[s.slot(0, 0)].cost().map(|c| c.wall);
         assert!(wall.is_some_and(|w| (w - 0.01).abs() < 1e-12), "{wall:?}");
-    }
-
-    /// Two pulls far above a stored cost ([`model::FAST_UP`]) replace it and wake the
-    /// lanes, which ends a streak (only an event does); one such pull, a stall, is
-    /// averaged in and wakes nobody. The soft guest's store had the cpu at 0.2 ms a
-    /// 1 KiB job where the short run's files took it 1.3-1.9 ms.
-    #[test]
-    fn two_pulls_far_above_the_store_replace_it_and_wake_the_lanes() {
-        let (engines, lanes) = cpu_and_kernel();
-        let jobs = cbc_jobs([1024; 200]);
-        let s = schedule(&flat_store(0.2e-3, 0.25e-3), &jobs, &engines, &lanes, 1);
-        let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 1,
-            since,
-            full: true,
-            check: false,
-            warm: true,
-        };
-        let book = |ms: f64| s.book(0, pull, since + Duration::from_secs_f64(ms * 1e-3));
-        let cpu_ms = || {
-            s.estimates[s.slot(0, 0)]
-                .cost()
-                .map_or(0.0, |c| c.wall * 1e3)
-        };
-        let epoch = || s.epoch.load(Ordering::Acquire);
-        let start = epoch();
-        book(1.6);
-        let capped = 0.2 + (model::OUTLIER_CAP - 1.0) * 0.2 / f64::from(model::WINDOW);
-        assert!((cpu_ms() - capped).abs() < 1e-9, "{}", cpu_ms());
-        assert_eq!(epoch(), start, "one sample wakes nobody");
-        book(1.5);
-        assert!((cpu_ms() - 1.5).abs() < 1e-9, "{}", cpu_ms());
-        assert_eq!(epoch(), start + 1, "the lanes decide again");
-        book(1.7);
-        assert_eq!(epoch(), start + 1, "near the estimate now");
-        // A lane's first pull in a batch (or after waiting) is never half of a pair.
-        let s = schedule(&flat_store(0.2e-3, 0.25e-3), &jobs, &engines, &lanes, 1);
-        let cold = Pull {
-            warm: false,
-            ..pull
-        };
-        s.book(0, cold, since + Duration::from_secs_f64(1.6e-3));
-        s.book(0, pull, since + Duration::from_secs_f64(1.5e-3));
-        let wall = s.estimates[s.slot(0, 0)].cost().map_or(0.0, |c| c.wall);
-        assert!(wall < 0.5e-3, "averaged, capped: {wall}");
-        // `next` marks a lane's first pull cold and the one after it warm (jobs only
-        // the cpu may run: its lane takes them whatever the estimates).
-        let cpu_only = jobs_for(0b01, [1024; 4]);
-        let s = schedule(&flat_store(0.2e-3, 0.25e-3), &cpu_only, &engines, &lanes, 1);
-        let (mut out, warm) = (Vec::new(), |s: &AdaptiveSchedule| {
-            lock(&s.lanes[0]).pull.map(|p| p.warm)
-        });
-        assert!(s.next(0, 1, &mut out));
-        assert_eq!(warm(&s), Some(false));
-        assert!(s.next(0, 1, &mut out));
-        assert_eq!(warm(&s), Some(true));
     }
 
     /// Probes count per engine and class: after [`model::PROBES`] probes of the small
@@ -1460,7 +1379,6 @@ mod tests {
                     since,
                     full: true,
                     check: true,
-                    warm: true,
                 };
                 s.book(0, pull, since + Duration::from_secs_f64(stored));
                 s.starts[0].fetch_add(1, Ordering::Relaxed);
@@ -1535,7 +1453,6 @@ mod tests {
                         since: at(free[e]),
                         full: true,
                         check: matches!(decision, Some(Decision::Remeasure(_))),
-                        warm: true,
                     });
                     free[e] += truth[e];
                     ran[e] += 1;

@@ -397,7 +397,7 @@ impl Schedule for Split {
             };
             if last != Some(key) {
                 last = Some(key);
-                learning.estimates[engine * learning.keys.len() + key].observe(wall, cpu, false);
+                learning.estimates[engine * learning.keys.len() + key].observe(wall, cpu);
             }
         }
     }

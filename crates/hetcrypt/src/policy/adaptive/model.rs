@@ -73,16 +73,6 @@ pub const OUTLIER_CAP: f64 = 4.0;
 /// testbed module's slow first 16 KiB probes took 11 batches to wash out).
 pub const FAST_DOWN: f64 = 1.5;
 
-/// Two samples in a row above this many times a settled estimate ([`WINDOW`] samples)
-/// replace it (the lower of the two), and the lanes decide again: a stall is one sample
-/// ([`OUTLIER_CAP`]); a store far too cheap, or a machine that got slower, is every
-/// sample. In the soft guest the store timed the cpu at 1 KiB on one request repeated,
-/// 6-9x below what 200 distinct files cost it; averaged in at the cap, and sampled once
-/// in [`STREAK_SAMPLE`](super::STREAK_SAMPLE) pulls of a streak that only an event
-/// ends, the cpu kept 33-48 of 200 jobs in every round (`docs/results.md`,
-/// twenty-third session).
-pub const FAST_UP: f64 = 2.0;
-
 /// Samples an estimate needs before it is trusted: the first is discarded (warm-up).
 pub const MIN_SAMPLES: u32 = 2;
 
@@ -125,8 +115,6 @@ pub struct Estimate {
     wall: f64,
     cpu: f64,
     samples: u32,
-    /// The last sample's wall time if it was above [`FAST_UP`] times the estimate, else 0.
-    high: f64,
 }
 
 impl Estimate {
@@ -137,22 +125,12 @@ impl Estimate {
             wall,
             cpu,
             samples: WINDOW,
-            high: 0.0,
         }
     }
 
     /// Adds one job's measured wall and CPU time (seconds) to an average over about
-    /// the last [`WINDOW`] samples; returns whether it replaced the estimate
-    /// ([`FAST_UP`], with the sample before it if both `pair`).
-    pub fn observe(&mut self, mut wall: f64, mut cpu: f64, pair: bool) -> bool {
-        let high = pair && self.samples >= WINDOW && wall > self.wall * FAST_UP;
-        if high && self.high > 0.0 {
-            let lower = wall.min(self.high);
-            (self.cpu, self.wall, self.high) = (cpu * lower / wall, lower, 0.0);
-            self.samples = self.samples.saturating_add(1);
-            return true;
-        }
-        self.high = if high { wall } else { 0.0 };
+    /// the last [`WINDOW`] samples.
+    pub fn observe(&mut self, mut wall: f64, mut cpu: f64) {
         // Of the first two samples (the first a warm-up) the lower starts the estimate;
         // then a plain mean until `WINDOW` samples are in, then a moving average.
         if self.samples < MIN_SAMPLES {
@@ -172,23 +150,18 @@ impl Estimate {
             self.cpu += alpha * (cpu - self.cpu);
         }
         self.samples = self.samples.saturating_add(1);
-        false
     }
 
     /// Adds a sample of the engine measured alone (a re-measurement, the others'
     /// lanes waiting): one far below a usable estimate ([`FAST_DOWN`]) replaces it, since
     /// timing noise only adds time and the estimate came from a wrong store or from
-    /// samples slowed beside other lanes; any other counts as [`Estimate::observe`], but
-    /// never as half of a [`FAST_UP`] pair: a re-measurement's first pull runs cold
-    /// ([`CHECK_PULLS`]), and two of them replaced the soft guest's module estimate at
-    /// 256 B with 4x its cost.
+    /// samples slowed beside other lanes; any other counts as [`Estimate::observe`].
     pub fn check(&mut self, wall: f64, cpu: f64) {
         if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
             (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
         } else {
-            self.observe(wall, cpu, false);
+            self.observe(wall, cpu);
         }
-        self.high = 0.0;
     }
 
     /// The estimate, once it has [`MIN_SAMPLES`] samples.
@@ -215,7 +188,6 @@ pub struct SharedEstimate {
     wall: AtomicU64,
     cpu: AtomicU64,
     samples: AtomicU32,
-    high: AtomicU64,
 }
 
 impl SharedEstimate {
@@ -225,7 +197,6 @@ impl SharedEstimate {
             wall: AtomicU64::new(e.wall.to_bits()),
             cpu: AtomicU64::new(e.cpu.to_bits()),
             samples: AtomicU32::new(e.samples),
-            high: AtomicU64::new(e.high.to_bits()),
         }
     }
 
@@ -235,15 +206,13 @@ impl SharedEstimate {
             wall: f64::from_bits(self.wall.load(Ordering::Relaxed)),
             cpu: f64::from_bits(self.cpu.load(Ordering::Relaxed)),
             samples: self.samples.load(Ordering::Acquire),
-            high: f64::from_bits(self.high.load(Ordering::Relaxed)),
         }
     }
 
     /// Adds one job's measured wall and CPU time; returns whether this sample made the
-    /// estimate usable or replaced it (so waiting lanes and streaks can reconsider).
-    pub fn observe(&self, wall: f64, cpu: f64, pair: bool) -> bool {
-        let mut replaced = false;
-        self.update(|e| replaced = e.observe(wall, cpu, pair)) + 1 == MIN_SAMPLES || replaced
+    /// estimate usable (so waiting lanes can reconsider).
+    pub fn observe(&self, wall: f64, cpu: f64) -> bool {
+        self.update(|e| e.observe(wall, cpu)) + 1 == MIN_SAMPLES
     }
 
     /// The estimate, once usable.
@@ -263,7 +232,6 @@ impl SharedEstimate {
         add(&mut e);
         self.wall.store(e.wall.to_bits(), Ordering::Relaxed);
         self.cpu.store(e.cpu.to_bits(), Ordering::Relaxed);
-        self.high.store(e.high.to_bits(), Ordering::Relaxed);
         self.samples.fetch_add(1, Ordering::Release)
     }
 }
@@ -489,10 +457,10 @@ mod tests {
     fn one_stall_barely_moves_an_estimate_but_a_load_change_comes_through() {
         let mut e = Estimate::default();
         for _ in 0..20 {
-            e.observe(0.01, 0.01, true);
+            e.observe(0.01, 0.01);
         }
         // A lane descheduled for 10 s in one job: capped at OUTLIER_CAP x 10 ms.
-        e.observe(10.0, 10.0, true);
+        e.observe(10.0, 10.0);
         let after = e.cost().unwrap().wall;
         assert!(
             after <= 0.01 + (OUTLIER_CAP - 1.0) * 0.01 / f64::from(WINDOW) + 1e-12,
@@ -500,16 +468,16 @@ mod tests {
         );
         // Five times slower for good: followed within a few dozen samples.
         for _ in 0..60 {
-            e.observe(0.05, 0.05, true);
+            e.observe(0.05, 0.05);
         }
         assert!((e.cost().unwrap().wall - 0.05).abs() < 0.0005, "{e:?}");
         // A sample far below counts at least half; one a little below, its plain weight.
         let before = e.cost().unwrap().wall;
-        e.observe(0.045, 0.045, true);
+        e.observe(0.045, 0.045);
         let plain = before + (0.045 - before) / f64::from(WINDOW);
         assert!((e.cost().unwrap().wall - plain).abs() < 1e-12);
         let before = e.cost().unwrap().wall;
-        e.observe(0.01, 0.01, true);
+        e.observe(0.01, 0.01);
         assert!((e.cost().unwrap().wall - (before + 0.01) / 2.0).abs() < 1e-12);
     }
 
@@ -533,9 +501,9 @@ mod tests {
     #[test]
     fn estimate_discards_warm_up_then_averages() {
         let mut e = Estimate::default();
-        e.observe(1.0, 0.5, true); // cold: key schedule, first socket use
+        e.observe(1.0, 0.5); // cold: key schedule, first socket use
         assert_eq!(e.cost(), None);
-        e.observe(0.01, 0.005, true);
+        e.observe(0.01, 0.005);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -544,14 +512,14 @@ mod tests {
             })
         );
         for _ in 0..200 {
-            e.observe(0.02, 0.001, true);
+            e.observe(0.02, 0.001);
         }
         let c = e.cost().unwrap();
         assert!((c.wall - 0.02).abs() < 1e-9 && (c.cpu - 0.001).abs() < 1e-9);
         let shared = SharedEstimate::new(Estimate::default());
-        assert!(!shared.observe(1.0, 1.0, true));
+        assert!(!shared.observe(1.0, 1.0));
         assert!(
-            shared.observe(2.0, 1.0, true),
+            shared.observe(2.0, 1.0),
             "the second sample makes it usable"
         );
         // Of the two first samples, the lower starts the estimate.
@@ -565,7 +533,7 @@ mod tests {
     fn a_seeded_estimate_is_settled_and_a_check_far_below_replaces_it() {
         let seeded = SharedEstimate::new(Estimate::seeded(1.0, 0.5));
         assert_eq!(seeded.cost().map(|c| c.wall), Some(1.0));
-        seeded.observe(1.8, 1.8, true);
+        seeded.observe(1.8, 1.8);
         assert!((seeded.cost().unwrap().wall - 1.1).abs() < 1e-12);
         seeded.check(1.9, 1.9);
         assert!((seeded.cost().unwrap().wall - 1.2).abs() < 1e-12);
@@ -810,7 +778,7 @@ mod tests {
                     if check {
                         est.check(wall, wall);
                     } else {
-                        est.observe(wall, wall, true);
+                        est.observe(wall, wall);
                     }
                 }
                 let decision = decide(self, e);
@@ -1075,8 +1043,8 @@ mod tests {
     #[test]
     fn an_estimate_starts_from_the_lower_first_sample_then_takes_the_plain_mean() {
         let mut e = Estimate::default();
-        e.observe(0.0, 0.0, true);
-        e.observe(0.5, 0.25, true);
+        e.observe(0.0, 0.0);
+        e.observe(0.5, 0.25);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -1085,8 +1053,8 @@ mod tests {
             })
         );
         let mut e = Estimate::default();
-        e.observe(1.0, 0.5, true);
-        e.observe(1.0, 0.25, true);
+        e.observe(1.0, 0.5);
+        e.observe(1.0, 0.25);
         assert_eq!(
             e.cost(),
             Some(Cost {
@@ -1096,43 +1064,11 @@ mod tests {
             "a tie keeps the first sample"
         );
         // The third and fourth samples: the mean of the samples since the warm-up.
-        e.observe(3.0, 1.5, true);
+        e.observe(3.0, 1.5);
         assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((2.0, 1.0)));
-        e.observe(6.0, 3.0, true);
+        e.observe(6.0, 3.0);
         let wall = e.cost().map_or(0.0, |c| c.wall);
         assert!((wall - 10.0 / 3.0).abs() < 1e-12, "{e:?}");
-    }
-
-    /// Two samples in a row above [`FAST_UP`] times a settled estimate replace it with
-    /// the lower of them, its CPU time in the same proportion; high samples apart only
-    /// average in (capped), and a young estimate takes the plain mean (the test above).
-    #[test]
-    fn two_high_samples_in_a_row_replace_a_settled_estimate() {
-        let mut e = Estimate::seeded(1.0, 1.0);
-        assert!(!e.observe(3.0, 3.0, true));
-        assert!(!e.observe(1.0, 1.0, true), "not in a row");
-        assert!(!e.observe(8.0, 8.0, true));
-        let before = e.cost().map_or(0.0, |c| c.wall);
-        assert!(
-            (before - 1.675_781_25).abs() < 1e-12,
-            "capped, averaged: {before}"
-        );
-        assert!(e.observe(5.0, 2.5, true));
-        assert_eq!(e.cost().map(|c| (c.wall, c.cpu)), Some((5.0, 2.5)));
-        assert!(
-            !e.observe(11.0, 11.0, true),
-            "the next high sample starts a new pair"
-        );
-        // Nor a sample that may not pair (a lane's first pull): before or after.
-        let mut e = Estimate::seeded(1.0, 1.0);
-        assert!(!e.observe(3.0, 3.0, false) && !e.observe(3.0, 3.0, true));
-        assert!(!e.observe(3.0, 3.0, false) && e.cost().is_some_and(|c| c.wall < 2.0));
-        // Re-measurements are never half of a pair, before or after a sample.
-        let mut e = Estimate::seeded(1.0, 1.0);
-        e.check(3.0, 3.0);
-        assert!(!e.observe(3.0, 3.0, true));
-        e.check(3.0, 3.0);
-        assert!(!e.observe(3.0, 3.0, true) && e.cost().is_some_and(|c| c.wall < 2.0));
     }
 
     /// A usable estimate of zero takes a sample uncapped (the cap is a multiple of the
@@ -1141,18 +1077,18 @@ mod tests {
     #[test]
     fn an_estimate_caps_outliers_relative_to_itself() {
         let mut zero = Estimate::default();
-        zero.observe(0.0, 0.0, true);
-        zero.observe(0.0, 0.0, true);
-        zero.observe(1.0, 1.0, true);
+        zero.observe(0.0, 0.0);
+        zero.observe(0.0, 0.0);
+        zero.observe(1.0, 1.0);
         assert_eq!(zero.cost().map(|c| c.wall), Some(0.5));
 
         let mut settled = Estimate::seeded(1.0, 1.0);
-        settled.observe(1.0, 10.0, true);
+        settled.observe(1.0, 10.0);
         let cap = 1.0 + (OUTLIER_CAP - 1.0) / f64::from(WINDOW);
         assert_eq!(settled.cost().map(|c| c.cpu), Some(cap));
 
         let mut settled = Estimate::seeded(3.0, 3.0);
-        settled.observe(3.0 / FAST_DOWN, 3.0 / FAST_DOWN, true);
+        settled.observe(3.0 / FAST_DOWN, 3.0 / FAST_DOWN);
         let plain = 3.0 + (3.0 / FAST_DOWN - 3.0) / f64::from(WINDOW);
         assert_eq!(settled.cost().map(|c| c.wall), Some(plain));
     }
