@@ -648,6 +648,10 @@ pub(crate) mod tests {
         // Only the pair with that partner counts (a store measures the cpu beside every
         // engine; the first pair found was once taken whoever the partner).
         assert_eq!(gain(&cal, "cpu", "devcrypto", c, d, 64), None);
+        // A partner that moved nothing alone (a failed window) gives no gain, not one
+        // divided by zero.
+        cal.mixes[0].points[0].alone[0] = 0.0;
+        assert_eq!(gain(&cal, "kernel", "cpu", c, d, 64), None);
     }
 
     /// A gain must hold at the neighbouring sizes too, and a window alone that came out

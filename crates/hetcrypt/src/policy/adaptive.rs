@@ -1024,7 +1024,8 @@ mod tests {
         cal.mixes.push(mix("kernel", 30e6, 100e6));
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([65536; 200]);
-        let mut s = schedule(&Adaptive::seeded(Arc::new(cal)), &jobs, &engines, &lanes, 1);
+        let policy = Adaptive::seeded(Arc::new(cal));
+        let mut s = schedule(&policy, &jobs, &engines, &lanes, 1);
         assert_eq!(s.slot(0, 0), 0);
         let gain = |s: &AdaptiveSchedule| s.gain(0, 0).expect("measured");
         assert!((gain(&s) - 1.3).abs() < 1e-9, "{}", gain(&s));
@@ -1033,6 +1034,49 @@ mod tests {
         s.estimates[0] = SharedEstimate::new(Estimate::seeded(7.0 * stored, 7.0 * stored));
         assert!((gain(&s) - (1.0 + 0.3 / 7.0)).abs() < 1e-9, "{}", gain(&s));
         assert!(gain(&s) < model::MIX_GAIN, "the cpu no longer joins");
+        // What `bench` records is the stored gain, the two parts' sum.
+        let learned = policy.learned();
+        let cpu = learned.iter().find(|l| l.engine == "cpu").expect("seeded");
+        assert!(
+            cpu.mix_gain.is_some_and(|g| (g - 1.3).abs() < 1e-9),
+            "{cpu:?}"
+        );
+    }
+
+    /// Among the batch's other engines, the gain is that of the stored pair that gains
+    /// least (0.95x beside `devcrypto` over 1.1x beside `kernel`, whose parts, 0.1 and
+    /// 1.0, differ and multiply to less), with the joiner's stored cost.
+    #[test]
+    fn the_mix_gain_is_the_least_of_the_batch_s_pairs() {
+        use crate::calibration::{MixCalibration, MixPoint};
+        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
+        let mix = |partner: &str, cpu_beside: f64, other_beside: f64| MixCalibration {
+            cipher: c,
+            direction: d,
+            engines: ["cpu".into(), partner.into()],
+            points: vec![MixPoint {
+                len: 65536,
+                alone: [40e6, 100e6],
+                together: [cpu_beside, other_beside],
+            }],
+        };
+        let mut cal = crate::calibration::tests::cpu_and_module();
+        cal.mixes.push(mix("kernel", 10e6, 100e6));
+        cal.mixes.push(mix("devcrypto", 50e6, 55e6));
+        let mut known = Knowledge {
+            seed: Some(Arc::new(cal)),
+            ..Knowledge::default()
+        };
+        let cpu = known.engine("cpu", 1);
+        let key = (cpu, c, d, model::bucket(65536));
+        let (mine, other, stored) = known.gain(key, &["kernel", "devcrypto"]).expect("pairs");
+        // The cpu's part 40/100 (its 50 MB/s beside counts as its 40 alone), 0.55 other.
+        assert!((mine - 0.4).abs() < 1e-12 && (other - 0.55).abs() < 1e-12);
+        assert!((stored - (1e-6 + 10e-9 * 65536.0)).abs() < 1e-12);
+        assert!(known
+            .gain(key, &["kernel"])
+            .is_some_and(|g| (g.0 - 0.1).abs() < 1e-12));
+        assert_eq!(known.gain(key, &["gpu"]), None);
     }
 
     /// On one core, from a store that says the module's request floor (200 µs) is
