@@ -894,6 +894,7 @@ impl Drop for AdaptiveSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::{MixCalibration, MixPoint};
     use crate::policy::tests::{cbc_jobs, cpu_and_kernel};
     use crate::policy::{EngineMeta, LaneMeta};
 
@@ -956,7 +957,6 @@ mod tests {
     /// stays out, above it joins at once.
     #[test]
     fn seeded_mix_gain_decides_whether_the_cpu_joins() {
-        use crate::calibration::{MixCalibration, MixPoint};
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([65536; 200]);
         let plan = Plan {
@@ -998,6 +998,21 @@ mod tests {
         assert_eq!(with_gain(None), None, "no gain known: the cpu stays out");
     }
 
+    /// The cpu's pair with `partner` as `calibrate` stores it, AES-128-CBC encryption at
+    /// 64 KiB: alone 40 MB/s (cpu) and 100 MB/s (partner), side by side as given.
+    fn cpu_mix(partner: &str, cpu_beside: f64, other_beside: f64) -> MixCalibration {
+        MixCalibration {
+            cipher: Cipher::AES_128_CBC,
+            direction: Direction::Encrypt,
+            engines: ["cpu".into(), partner.into()],
+            points: vec![MixPoint {
+                len: 65536,
+                alone: [40e6, 100e6],
+                together: [cpu_beside, other_beside],
+            }],
+        }
+    }
+
     /// The store's mix gain is the batch's pair's, and the joining engine's part of it
     /// shrinks as its cost rises above the store. The twenty-second session's boot 3
     /// stored the cpu beside the generic `kernel` engine at 1.05x, the gain the cpu was
@@ -1005,23 +1020,11 @@ mod tests {
     /// cpu then cost 7x its store: 33-48 of 200 jobs a round went to it.
     #[test]
     fn the_mix_gain_is_the_batch_s_pair_s_and_shrinks_with_the_joiner_s_cost() {
-        use crate::calibration::{MixCalibration, MixPoint};
-        let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
-        let mix = |partner: &str, cpu_beside: f64, module_beside: f64| MixCalibration {
-            cipher: c,
-            direction: d,
-            engines: ["cpu".into(), partner.into()],
-            points: vec![MixPoint {
-                len: 65536,
-                alone: [40e6, 100e6],
-                together: [cpu_beside, module_beside],
-            }],
-        };
         let mut cal = crate::calibration::tests::cpu_and_module();
         // Another engine's pair first: a gain of 0.5 that is not this batch's.
-        cal.mixes.push(mix("devcrypto", 10e6, 40e6));
+        cal.mixes.push(cpu_mix("devcrypto", 10e6, 40e6));
         // The cpu's part 0.3, the module's 1.0 (its 100 MB/s kept beside the cpu).
-        cal.mixes.push(mix("kernel", 30e6, 100e6));
+        cal.mixes.push(cpu_mix("kernel", 30e6, 100e6));
         let (engines, lanes) = cpu_and_kernel();
         let jobs = cbc_jobs([65536; 200]);
         let policy = Adaptive::seeded(Arc::new(cal));
@@ -1048,21 +1051,10 @@ mod tests {
     /// 1.0, differ and multiply to less), with the joiner's stored cost.
     #[test]
     fn the_mix_gain_is_the_least_of_the_batch_s_pairs() {
-        use crate::calibration::{MixCalibration, MixPoint};
         let (c, d) = (Cipher::AES_128_CBC, Direction::Encrypt);
-        let mix = |partner: &str, cpu_beside: f64, other_beside: f64| MixCalibration {
-            cipher: c,
-            direction: d,
-            engines: ["cpu".into(), partner.into()],
-            points: vec![MixPoint {
-                len: 65536,
-                alone: [40e6, 100e6],
-                together: [cpu_beside, other_beside],
-            }],
-        };
         let mut cal = crate::calibration::tests::cpu_and_module();
-        cal.mixes.push(mix("kernel", 10e6, 100e6));
-        cal.mixes.push(mix("devcrypto", 50e6, 55e6));
+        cal.mixes.push(cpu_mix("kernel", 10e6, 100e6));
+        cal.mixes.push(cpu_mix("devcrypto", 50e6, 55e6));
         let mut known = Knowledge {
             seed: Some(Arc::new(cal)),
             ..Knowledge::default()

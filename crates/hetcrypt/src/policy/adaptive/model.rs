@@ -161,13 +161,20 @@ impl Estimate {
     /// three such samples put its estimate above the cpu's for good: `docs/results.md`,
     /// twenty-third session); any other counts as [`Estimate::observe`].
     pub fn check(&mut self, wall: f64, cpu: f64) {
-        match self.cost() {
-            Some(c) if wall * FAST_DOWN < c.wall => {
-                (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
-            }
-            Some(c) if wall >= c.wall => {}
-            _ => self.observe(wall, cpu),
+        if !self.takes_check(wall) {
+            return;
         }
+        if self.cost().is_some_and(|c| wall * FAST_DOWN < c.wall) {
+            (self.wall, self.cpu, self.samples) = (wall, cpu, self.samples.saturating_add(1));
+        } else {
+            self.observe(wall, cpu);
+        }
+    }
+
+    /// Whether [`Estimate::check`] counts a re-measurement of `wall`: not one at or
+    /// above a usable estimate.
+    fn takes_check(&self, wall: f64) -> bool {
+        self.cost().is_none_or(|c| wall < c.wall)
     }
 
     /// The estimate, once it has [`MIN_SAMPLES`] samples.
@@ -229,7 +236,7 @@ impl SharedEstimate {
     /// Adds a sample of the engine measured alone ([`Estimate::check`]; one it leaves
     /// out is not counted either).
     pub fn check(&self, wall: f64, cpu: f64) {
-        if self.cost().is_none_or(|c| wall < c.wall) {
+        if self.get().takes_check(wall) {
             self.update(|e| e.check(wall, cpu));
         }
     }
