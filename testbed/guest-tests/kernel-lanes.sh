@@ -18,6 +18,9 @@
 # The calibration is timed (seconds since boot before and after); with OLD=<another
 # hetcrypt binary> (e.g. --with /work/runs/hc-main-s21-merged, OLD=hc-main-s21-merged)
 # that binary calibrates first, timed, and its lane choice is shown beside ours.
+# With OLD and OLD_LANES (e.g. "1"), that binary's engines also run, with those lane
+# counts, as rows "old-kernel" and "old-devcrypto" of each round (a before/after in
+# one boot).
 rounds=${1:-3}
 driver=${DRIVER:-virtio_crypto_aes_cbc}
 sizes=16,64,256,1024,2048,4096,8192,16384
@@ -55,6 +58,12 @@ while [ "$r" -le "$rounds" ]; do
 			echo "=== round $r $engine lanes $lanes"
 			# shellcheck disable=SC2086
 			hetcrypt speed --engine "$engine:$driver" $opt --sizes "$sizes" --seconds 1 -q | tail -1
+		done
+	done
+	for lanes in ${OLD_LANES:-}; do
+		for engine in kernel devcrypto; do
+			echo "=== round $r old-$engine lanes $lanes"
+			"$OLD" speed --engine "$engine:$driver" --lanes "$lanes" --sizes "$sizes" --seconds 1 -q | tail -1
 		done
 	done
 	r=$((r + 1))

@@ -2,8 +2,8 @@
 //! `CIOCCRYPT` loops shaped like cryptodev's `tests/speed` (in place, one buffer) and
 //! like the `devcrypto` engine (input to a separate output), each over one buffer and
 //! over 256 KiB of distinct buffers (as `hetcrypt speed`'s batches), the same with the
-//! engine's per-request unplug look (one `faccessat2` of the device's sysfs `driver`
-//! link), then the engine's lane, then the dispatcher (the `hetcrypt speed` path, and
+//! engine's per-request unplug look up to the twenty-third session (one `faccessat2` of
+//! the device's sysfs `driver` link; now a `poll` of its `uevent`), then the engine's lane, then the dispatcher (the `hetcrypt speed` path, and
 //! batches of one job). The variants take turns in short slices, round after round, so
 //! that a busy host's swings fall on all of them alike; each round's rates are divided
 //! by the in-place loop's. Minor page faults per request are counted beside them.

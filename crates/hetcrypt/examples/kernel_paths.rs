@@ -1,7 +1,9 @@
 //! Requests per second of the two kernel paths, lane by lane (no dispatcher): the
 //! `kernel` engine (AF_ALG) and the `devcrypto` engine (`/dev/crypto`) on one driver,
 //! AES-128-CBC encryption of one buffer again and again, as `openssl speed` does; plus
-//! what one look at a sysfs `driver` link costs (the engines' unplug check). Prints
+//! what the engines' unplug looks cost: a `poll` of the device's held `uevent` (per
+//! request) beside a look at its sysfs `driver` link (per request until the
+//! twenty-fourth session, now once per `LINK_LOOK_INTERVAL`). Prints
 //! `openssl speed` units (1000s of bytes per second) so the rows read beside
 //! `openssl speed -elapsed -engine afalg -evp aes-128-cbc` in the same guest run.
 //!
@@ -20,6 +22,7 @@
 //! until a timer thread raises a flag, as `openssl speed` runs until an alarm: no clock
 //! read per request (`HETCRYPT_PATHS_STOP=clock` reads one per request, as before).
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +32,7 @@ use hetcrypt::engine::kernel::KernelEngine;
 use hetcrypt::engine::EngineRef;
 use hetcrypt::{Cipher, Direction, Job, JobOutput, Key, KeyStore};
 use nix::fcntl::{open, AtFlags, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::stat::{fstatat, Mode};
 use nix::unistd::{faccessat, AccessFlags};
 
@@ -122,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for line in &cpu_lines {
         println!("{line}");
     }
-    // One look at a sysfs driver link, as the engines' unplug check makes per request.
+    // One look at a sysfs driver link, as the engines' unplug check made per request.
     if let Ok(dev) = std::env::var("HETCRYPT_TESTBED_CRYPTO_DEV") {
         let link = std::path::Path::new(&dev).join("driver");
         let t0 = Instant::now();
@@ -148,8 +152,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         // The look's candidates beside a call that does nothing, in alternating rounds
         // (the host's load moves single rounds): per call, median over the rounds.
+        // A held-open attribute of the crypto driver's own device (`virtio0`): kernfs
+        // answers a `poll` on it with POLLERR once the device's attributes are removed.
+        let virtio = std::fs::read_dir(&dev)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
+            })
+            .ok_or("no virtio device under the PCI device")?;
+        let attr = std::fs::File::open(virtio.join("features"))?;
+        let mut buf = [0u8; 256];
         let rounds = 7;
-        let mut per: [Vec<f64>; 4] = Default::default();
+        let mut per: [Vec<f64>; 6] = Default::default();
         for _ in 0..rounds {
             for (i, v) in per.iter_mut().enumerate() {
                 let t0 = Instant::now();
@@ -157,6 +173,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     match i {
                         0 => drop(nix::unistd::getppid()),
                         3 => drop(std::hint::black_box(Instant::now())),
+                        4 => {
+                            let mut fds = [PollFd::new(attr.as_fd(), PollFlags::POLLPRI)];
+                            let _ = poll(&mut fds, PollTimeout::ZERO);
+                        }
+                        5 => drop(nix::sys::uio::pread(&attr, &mut buf, 0)),
                         1 => drop(fstatat(&dir, "driver", AtFlags::AT_SYMLINK_NOFOLLOW)),
                         _ => drop(faccessat(
                             &dir,
@@ -174,6 +195,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "fstatat(dir, \"driver\")",
             "faccessat2(dir, \"driver\")",
             "clock read (Instant::now)",
+            "poll(virtio0/features)",
+            "pread(virtio0/features)",
         ]
         .iter()
         .zip(per.iter_mut())

@@ -21,6 +21,8 @@
 //!   the unplug (ESHUTDOWN when the kernel copes; an oops or a hang when it does not).
 
 use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use hetcrypt::engine::kernel::{kernel_release, KernelEngine};
 use hetcrypt::engine::{Engine, EngineInfo, EngineRef, Lane};
 use hetcrypt::policy::Pull;
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyStore};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// The testbed device's driver.
 const VIRTIO: &str = "virtio_crypto_aes_cbc";
@@ -187,6 +190,22 @@ impl Lane for WatchedLane {
     }
 }
 
+/// The `uevent` file of the virtio device under the testbed's PCI device (`virtio0`),
+/// open for reading.
+fn own_uevent() -> std::fs::File {
+    let pci = std::env::var_os("HETCRYPT_TESTBED_CRYPTO_DEV").expect("testbed device");
+    let virtio = std::fs::read_dir(&pci)
+        .expect("the PCI device's directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
+        })
+        .expect("a virtio device under the PCI device");
+    std::fs::File::open(virtio.join("uevent")).expect("open uevent")
+}
+
 fn device_present() -> bool {
     std::env::var_os("HETCRYPT_TESTBED_CRYPTO_DEV").is_some_and(|p| Path::new(&p).exists())
 }
@@ -260,6 +279,9 @@ fn unplug_mid_batch(kernel: EngineRef) {
         Ok(other) => panic!("HETCRYPT_TESTBED_UNPLUG_AT={other}: between or in-flight"),
     };
     assert_eq!(kernel.lanes(), DEVICE_LANES);
+    // The crypto driver's own device's `uevent`, held open as the engines hold it: what
+    // kernfs answers on it once the device has gone is what their per-request look reads.
+    let uevent = own_uevent();
     let done = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(Gate::default());
     let failures = Arc::new(Failures::default());
@@ -440,6 +462,15 @@ fn unplug_mid_batch(kernel: EngineRef) {
         .iter()
         .any(|(name, _)| *name == kernel_name));
     note(&format!("failover: {kernel_name} failed with: {reason}"));
+    if quiet {
+        // No request was in flight as the device went: the lanes' next look caught it,
+        // and the per-request look is the held `uevent` (a look at the `driver` link
+        // says "vanished" instead).
+        assert!(
+            reason.contains("uevent removed), no request issued"),
+            "the device's going was not seen by the per-request look: {reason}"
+        );
+    }
 
     // The device is really gone.
     let deadline = Instant::now() + UNPLUG_WAIT;
@@ -449,6 +480,22 @@ fn unplug_mid_batch(kernel: EngineRef) {
     assert!(
         !device_present(),
         "the device is still there after the batch"
+    );
+
+    // kernfs answers a held attribute of a removed device with POLLERR, and a read of it
+    // with ENODEV (the engines' `removed` look).
+    let mut fds = [PollFd::new(uevent.as_fd(), PollFlags::POLLPRI)];
+    poll(&mut fds, PollTimeout::ZERO).expect("poll");
+    let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+    assert!(
+        revents.contains(PollFlags::POLLERR),
+        "poll of the gone device's uevent gave {revents:?}"
+    );
+    let read = uevent.read_at(&mut [0; 512], 0);
+    assert_eq!(
+        read.as_ref().map_err(std::io::Error::raw_os_error).err(),
+        Some(Some(nix::libc::ENODEV)),
+        "read of the gone device's uevent gave {read:?}"
     );
 
     // The engine itself refuses further work without touching the kernel.
