@@ -26,11 +26,11 @@
 //!   and its attributes in place. Such an unbind while requests flow can thus oops the
 //!   kernel within that interval, as it can for the kernel's own users of the driver
 //!   (it frees the device under their transforms too); a removal of the device is
-//!   seen before every request, as before. The look is a `faccessat2` of `driver` relative to a
-//!   descriptor of the device's sysfs directory held open (one path component, not the
-//!   six of the full path); the parents' links (`0000:00:02.0`) are looked at too
-//!   before keying. Where no `uevent` can be held open, the link is looked at before
-//!   every request, as before.
+//!   seen before every request, as before. The look is a `faccessat2` of `driver`
+//!   relative to a descriptor of the device's sysfs directory held open (one path
+//!   component, not the six of the full path); the parents' links (`0000:00:02.0`)
+//!   are looked at too before keying. Where no `uevent` can be held open, the link is
+//!   looked at before every request, as before.
 //!
 //! No signal that costs the request path no system call comes as early: everything
 //! the 6.1 kernel tells user space about the removal (the `unbind` and `remove`
