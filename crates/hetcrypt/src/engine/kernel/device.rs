@@ -392,6 +392,18 @@ mod tests {
     }
 
     #[test]
+    fn a_new_watch_looks_at_the_link_on_its_first_request() {
+        let root = temp_root("watch-first");
+        let watch = DeviceWatch::of(vec![watched(&root, "virtio0", true, true)]);
+        std::fs::remove_file(root.join("virtio0/driver")).expect("unlink");
+        // At the watch's very start, no interval has passed, yet nothing was seen.
+        let start = watch.inner.epoch.expect("a watch of links has a start");
+        let why = watch.gone_at(start).expect("the first request looks");
+        assert!(why.contains("virtio0/driver vanished"), "{why}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
     fn without_a_held_uevent_the_own_link_is_looked_at_before_every_request() {
         let root = temp_root("watch-link");
         let watch = DeviceWatch::of(vec![watched(&root, "virtio0", true, false)]);
