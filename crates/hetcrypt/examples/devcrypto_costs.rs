@@ -19,6 +19,7 @@
 //! in the soft profile), at 1, 4 and 16 KiB.
 
 use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hetcrypt::engine::devcrypto::DevcryptoEngine;
@@ -27,6 +28,9 @@ use nix::fcntl::{open, AtFlags, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::stat::Mode;
 use nix::unistd::{faccessat, AccessFlags};
+
+#[path = "../tests/support/testbed_device.rs"]
+mod testbed_device;
 
 /// The driver measured (cryptodev reaches it only where the kernel ranks it first).
 const DRIVER: &str = "virtio_crypto_aes_cbc";
@@ -126,22 +130,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|_| "HETCRYPT_TESTBED_CRYPTO_DEV unset: run in the testbed guest")?;
     // The engine looks at the virtio device's own link; its PCI parent's is as cheap.
     let dir = open(
-        std::path::Path::new(&sysfs),
+        Path::new(&sysfs),
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
 
     // The engines' per-request look since the twenty-fourth session: a `poll` of the
     // virtio device's own `uevent`, held open.
-    let uevent = std::fs::read_dir(&sysfs)?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
-        })
-        .map(|p| std::fs::File::open(p.join("uevent")))
-        .ok_or("no virtio device under the PCI device")??;
+    let uevent =
+        std::fs::File::open(testbed_device::virtio_device(Path::new(&sysfs))?.join("uevent"))?;
 
     let engine = DevcryptoEngine::with_driver(DRIVER)?
         .with_lanes(1)

@@ -36,6 +36,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::stat::{fstatat, Mode};
 use nix::unistd::{faccessat, AccessFlags};
 
+#[path = "../tests/support/testbed_device.rs"]
+mod testbed_device;
+
 /// `openssl speed`'s block sizes.
 const SIZES: [usize; 6] = [16, 64, 256, 1024, 8192, 16384];
 
@@ -152,17 +155,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         // The look's candidates beside a call that does nothing, in alternating rounds
         // (the host's load moves single rounds): per call, median over the rounds.
-        // A held-open attribute of the crypto driver's own device (`virtio0`): kernfs
-        // answers a `poll` on it with POLLERR once the device's attributes are removed.
-        let virtio = std::fs::read_dir(&dev)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
-            })
-            .ok_or("no virtio device under the PCI device")?;
-        let attr = std::fs::File::open(virtio.join("features"))?;
+        // The engines' per-request look: the crypto driver's own device's (`virtio0`)
+        // `uevent`, held open; kernfs answers a `poll` on it with POLLERR once removed.
+        let virtio = testbed_device::virtio_device(std::path::Path::new(&dev))?;
+        let attr = std::fs::File::open(virtio.join("uevent"))?;
         let mut buf = [0u8; 256];
         let rounds = 7;
         let mut per: [Vec<f64>; 6] = Default::default();
@@ -195,8 +191,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "fstatat(dir, \"driver\")",
             "faccessat2(dir, \"driver\")",
             "clock read (Instant::now)",
-            "poll(virtio0/features)",
-            "pread(virtio0/features)",
+            "poll(virtio0/uevent)",
+            "pread(virtio0/uevent)",
         ]
         .iter()
         .zip(per.iter_mut())

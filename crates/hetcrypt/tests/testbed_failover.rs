@@ -36,6 +36,9 @@ use hetcrypt::policy::Pull;
 use hetcrypt::{Cipher, Direction, Dispatcher, Error, Job, JobOutput, Key, KeyStore};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+#[path = "support/testbed_device.rs"]
+mod testbed_device;
+
 /// The testbed device's driver.
 const VIRTIO: &str = "virtio_crypto_aes_cbc";
 /// The marker testbed/run watches for to hot-unplug the device.
@@ -194,14 +197,7 @@ impl Lane for WatchedLane {
 /// open for reading.
 fn own_uevent() -> std::fs::File {
     let pci = std::env::var_os("HETCRYPT_TESTBED_CRYPTO_DEV").expect("testbed device");
-    let virtio = std::fs::read_dir(&pci)
-        .expect("the PCI device's directory")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("virtio"))
-        })
+    let virtio = testbed_device::virtio_device(Path::new(&pci))
         .expect("a virtio device under the PCI device");
     std::fs::File::open(virtio.join("uevent")).expect("open uevent")
 }

@@ -12,8 +12,8 @@
 //! bound to its driver, and issues no request once it is going. Two looks, because no
 //! one signal is both early for every way a device goes and cheap per request:
 //! - **Per request, the device's own `uevent` attribute, held open**: a `poll` of it
-//!   with no timeout, 1.4 µs in the TCG guest against 12.5 µs for a sysfs path look
-//!   (docs/performance.md, "A cheaper unplug look"). `device_del` removes a device's
+//!   with no timeout, 0.12-0.13 of a sysfs path look in the TCG guest (2.6 against
+//!   19.7 µs; docs/performance.md, "A cheaper unplug look"). `device_del` removes a device's
 //!   `uevent` file (kernfs deactivates it: `poll` answers `POLLERR`) before
 //!   `bus_remove_device` releases its driver, so it turns before the driver's remove
 //!   function runs whatever removes the device: a hot-unplug of its PCI parent, an
@@ -86,10 +86,10 @@ const DRIVER_LINK: &str = "driver";
 const UEVENT: &str = "uevent";
 
 /// How long requests may go on between two looks at the own devices' `driver` links,
-/// where their `uevent` is held open. That look (12.5 µs in the TCG guest, and 20-30%
-/// of a request's time there) is what catches an unbind of the crypto driver alone;
-/// 5 ms makes it under 1% of the request path, and bounds the time such an unbind
-/// goes unseen while requests flow.
+/// where their `uevent` is held open. That look (12.5-27.7 µs in the TCG guest, and
+/// 20-30% of a request's time there) is what catches an unbind of the crypto driver
+/// alone; 5 ms makes it under 1% of the request path, and bounds the time such an
+/// unbind goes unseen while requests flow.
 pub(crate) const LINK_LOOK_INTERVAL: Duration = Duration::from_millis(5);
 
 /// One watched device: its directory, held open, its `driver` link's path (for
