@@ -50,8 +50,12 @@ pub const STREAK_SAMPLE: u32 = 8;
 pub const SOLE_SEGMENT: u32 = 32;
 
 /// Samples of its own, beyond the store's [`model::WINDOW`], an engine needs on a class
-/// before its drift there carries to others ([`Knowledge::drift`]).
-const DRIFT_MIN_OWN: u32 = model::WINDOW;
+/// before its drift there carries to others ([`Knowledge::drift`]): half a window, so
+/// that one sole round of a short run (200 jobs, about 6 segments of
+/// [`SOLE_SEGMENT`] pulls) carries. A whole window needed two rounds, and a policy that
+/// ran a size once before moving on started the next size from the bare store
+/// (`docs/results.md`, twenty-third session: 1 KiB's first round on the cpu).
+const DRIFT_MIN_OWN: u32 = model::WINDOW / 2;
 
 /// How many size buckets (each 2x) a drift carries: the store's error changes with
 /// size (`docs/results.md`, sixteenth session).
@@ -1143,6 +1147,10 @@ mod tests {
             EngineMask(1),
             "too few samples"
         );
+        // One sole round of a short run (200 jobs) is about 200 / SOLE_SEGMENT
+        // samples: enough to carry (a whole window of own samples was not).
+        let one_round = 200 / SOLE_SEGMENT;
+        assert_eq!(drifted(4096, one_round), EngineMask(2), "one round carries");
     }
 
     /// Knowledge seeded with `cal` that has met `cpu` (id 0) and `kernel` (id 1).
