@@ -64,19 +64,15 @@ const DRIFT_MIN_OWN: u32 = model::WINDOW / 2;
 /// (twenty-fifth session).
 const DRIFT_REACH: usize = 4;
 
-/// The most a drift scales a stored cost up. The store times a warm request repeated,
-/// and in the soft guest a batch of distinct jobs through the dispatcher cost the cpu
-/// 12-17x that at 64 B, so at this cap the cpu's first 256 B estimate is still too
-/// cheap. 16x was tried (twenty-fifth session): it sent a short run's first 256 B
-/// round to the module, but in a long run it made the two engines' 256 B estimates
-/// a near tie, the module's raised by a mixed round's pull and never lowered, and
-/// the cpu ran 17 of 21 rounds where the module was faster (`docs/results.md`).
-const DRIFT_CAP_UP: f64 = model::OUTLIER_CAP;
-
-/// The most a drift scales a stored cost down: an engine running far faster than its
-/// store is rarer (a store taken under load), and an estimate too cheap draws a whole
-/// batch before it is corrected.
-const DRIFT_CAP_DOWN: f64 = model::OUTLIER_CAP;
+/// The most a drift scales a stored cost, either way. The store times a warm request
+/// repeated, and in the soft guest a batch of distinct jobs through the dispatcher cost
+/// the cpu 12-17x that at 64 B, so at this cap the cpu's first 256 B estimate is still
+/// too cheap. 16x up was tried (twenty-fifth session): it sent a short run's first
+/// 256 B round to the module, but in a long run it made the two engines' 256 B
+/// estimates a near tie, the module's raised by a mixed round's pull and never
+/// lowered, and the cpu ran 17 of 21 rounds where the module was faster
+/// (`docs/results.md`).
+const DRIFT_CAP: f64 = model::OUTLIER_CAP;
 
 /// What starting an engine's lanes for a batch costs, about, under the testbed's
 /// emulation (a thread's start, barrier and join: a third of a 2.7 ms batch of 400 tiny
@@ -129,7 +125,7 @@ impl Knowledge {
     /// Learned over stored cost of engine `id` on the nearest size bucket of this cipher
     /// and direction that it has run ([`DRIFT_MIN_OWN`] samples of its own at least,
     /// at most [`DRIFT_REACH`] buckets from `b`; the smaller on a tie), capped at
-    /// [`DRIFT_CAP_UP`] and [`DRIFT_CAP_DOWN`]; 1 if there is none. The store is measured once, on
+    /// [`DRIFT_CAP`] either way; 1 if there is none. The store is measured once, on
     /// the engine alone; what the engine costs in this process now (through the
     /// dispatcher, under this load) is what a batch will pay, and a class the engine
     /// has not run yet starts from the store scaled by it.
@@ -146,9 +142,7 @@ impl Knowledge {
                 (stored > 0.0 && learned > 0.0).then_some((ob.abs_diff(b), ob, learned / stored))
             })
             .min_by_key(|&(distance, ob, _)| (distance, ob))
-            .map_or(1.0, |(_, _, ratio)| {
-                ratio.clamp(1.0 / DRIFT_CAP_DOWN, DRIFT_CAP_UP)
-            })
+            .map_or(1.0, |(_, _, ratio)| ratio.clamp(1.0 / DRIFT_CAP, DRIFT_CAP))
     }
 
     /// The calibration's mix of engine `id` on a class beside the one of `partners` it
@@ -1221,20 +1215,20 @@ mod tests {
         let twice = 2.0 * stored(&known, 0);
         learn(&mut known, (0, c, d, near), twice);
         assert!((known.drift((0, c, d, b)) - 2.0).abs() < 1e-9);
-        // Below the store too, down to 1 / DRIFT_CAP_DOWN.
+        // Below the store too, down to 1 / DRIFT_CAP.
         let half = stored(&known, 0) / 2.0;
         learn(&mut known, (0, c, d, near), half);
         assert!((known.drift((0, c, d, b)) - 0.5).abs() < 1e-9);
         let tenth = stored(&known, 0) / 10.0;
         learn(&mut known, (0, c, d, near), tenth);
-        assert_eq!(known.drift((0, c, d, b)), 1.0 / DRIFT_CAP_DOWN);
-        // Above it up to DRIFT_CAP_UP.
-        let far = stored(&known, 0) * 2.0 * DRIFT_CAP_UP;
+        assert_eq!(known.drift((0, c, d, b)), 1.0 / DRIFT_CAP);
+        // Above it up to DRIFT_CAP.
+        let far = stored(&known, 0) * 2.0 * DRIFT_CAP;
         learn(&mut known, (0, c, d, near), far);
-        assert_eq!(known.drift((0, c, d, b)), DRIFT_CAP_UP);
-        let under = stored(&known, 0) * 0.9 * DRIFT_CAP_UP;
+        assert_eq!(known.drift((0, c, d, b)), DRIFT_CAP);
+        let under = stored(&known, 0) * 0.9 * DRIFT_CAP;
         learn(&mut known, (0, c, d, near), under);
-        let whole = known.drift((0, c, d, b)) / (0.9 * DRIFT_CAP_UP);
+        let whole = known.drift((0, c, d, b)) / (0.9 * DRIFT_CAP);
         assert!((whole - 1.0).abs() < 1e-9, "under the cap it carries whole");
         // A learned cost of zero says nothing.
         learn(&mut known, (0, c, d, near), 0.0);
