@@ -13,8 +13,8 @@
 //! one signal is both early for every way a device goes and cheap per request:
 //! - **Per request, the device's own `uevent` attribute, held open**: a `poll` of it
 //!   with no timeout, 0.12-0.13 of a sysfs path look in the TCG guest (2.6 against
-//!   19.7 µs; docs/performance.md, "A cheaper unplug look"). `device_del` removes a device's
-//!   `uevent` file (kernfs deactivates it: `poll` answers `POLLERR`) before
+//!   19.7 µs; docs/performance.md, "A cheaper unplug look"). `device_del` removes a
+//!   device's `uevent` file (kernfs deactivates it: `poll` answers `POLLERR`) before
 //!   `bus_remove_device` releases its driver, so it turns before the driver's remove
 //!   function runs whatever removes the device: a hot-unplug of its PCI parent, an
 //!   unbind of the parent's driver (`virtio_pci`), a `device_del` in QEMU.
