@@ -351,10 +351,11 @@ struct AdaptiveSchedule {
     probes: Vec<AtomicUsize>,
     /// Per engine and key: whether the engine may re-measure the class in this batch
     /// (its turn, see [`model::REMEASURE_EVERY`], or due sooner, see
-    /// [`Knowledge::checked`]), and whether it measured the class alone in this batch;
-    /// per engine, the pulls it re-measured.
+    /// [`Knowledge::checked`]), and its estimate right after it last measured the class
+    /// alone in this batch (`f64` bits; 0: it did not); per engine, the pulls it
+    /// re-measured.
     remeasure_due: Vec<bool>,
-    alone: Vec<AtomicBool>,
+    alone: Vec<AtomicU64>,
     remeasured: Vec<AtomicU32>,
     /// The engine (plus one; 0: none) re-measuring in this batch, chosen as the lanes
     /// start: the other engines' lanes wait until it is done ([`View::held`]).
@@ -467,7 +468,7 @@ impl AdaptiveSchedule {
             probes: (0..n_engines * classes.len())
                 .map(|_| AtomicUsize::new(0))
                 .collect(),
-            alone: gains.iter().map(|_| AtomicBool::new(false)).collect(),
+            alone: gains.iter().map(|_| AtomicU64::new(0)).collect(),
             remeasure_due,
             remeasured: (0..n_engines).map(|_| AtomicU32::new(0)).collect(),
             checker: AtomicUsize::new(0),
@@ -580,7 +581,7 @@ impl AdaptiveSchedule {
             now.saturating_duration_since(pull.since).as_secs_f64() / pull.jobs.max(1) as f64;
         if pull.check {
             estimate.check(wall, wall);
-            self.alone[slot].store(true, Ordering::Relaxed);
+            self.measured_alone(slot);
             if self.remeasured[engine].load(Ordering::Acquire) >= model::CHECK_PULLS {
                 self.release(engine);
             }
@@ -588,6 +589,17 @@ impl AdaptiveSchedule {
             estimate.check(wall, wall);
         } else if (pull.full || estimate.cost().is_none()) && estimate.observe(wall, wall) {
             self.notify();
+        }
+    }
+
+    /// Notes the estimate in `slot` as it stands right after a measurement alone: what
+    /// the next batches compare it with ([`Knowledge::checked`]). Pulls later in the
+    /// batch, beside other engines' lanes, may raise it (on one vCPU a module's 256 B
+    /// requests beside the cpu lane cost it 2-3x what they cost alone, twenty-sixth
+    /// session), and the value at the batch's end would hide that growth.
+    fn measured_alone(&self, slot: usize) {
+        if let Some(c) = self.estimates[slot].cost() {
+            self.alone[slot].store(c.wall.to_bits().max(1), Ordering::Relaxed);
         }
     }
 
@@ -757,10 +769,10 @@ impl AdaptiveSchedule {
             // A segment is many pulls in a row: its lane's start weighs little in it.
             cold: false,
         };
-        self.alone[self.slot(engine, class.key)].store(true, Ordering::Relaxed);
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
         let end = self.origin + Duration::from_nanos(now.max(since));
         self.book(engine, pull, end);
+        self.measured_alone(self.slot(engine, class.key));
     }
 }
 
@@ -921,8 +933,11 @@ impl Drop for AdaptiveSchedule {
                     if estimate.samples() > 0 {
                         known.costs.insert((id, cipher, direction, b), estimate);
                     }
-                    if let (true, Some(c)) = (*self.alone[slot].get_mut(), estimate.cost()) {
-                        known.checked.insert((id, cipher, direction, b), c.wall);
+                    let alone = *self.alone[slot].get_mut();
+                    if alone != 0 {
+                        known
+                            .checked
+                            .insert((id, cipher, direction, b), f64::from_bits(alone));
                     }
                 }
             }
@@ -1532,6 +1547,53 @@ mod tests {
         let s = schedule(&policy, &jobs, &engines, &lanes, 1);
         assert!(s.may_remeasure(0, 0));
         remeasures(&s);
+    }
+
+    /// What the next batches compare an estimate with is its value right after the
+    /// measurement alone, not at the batch's end: pulls beside the other engine's lanes
+    /// that raised it past [`model::FAST_DOWN`] times that make the check due again in
+    /// the next batch.
+    #[test]
+    fn an_estimate_raised_after_its_check_is_checked_again_next_batch() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([65536; 2000]);
+        let policy = seeded();
+        let stored = 1e-6 + 10e-9 * 65536.0;
+        let first = schedule(&policy, &jobs, &engines, &lanes, 1);
+        first.idle[1].store(1, Ordering::Release);
+        let (mut out, mut state) = (Vec::new(), LaneState::default());
+        let book = |s: &AdaptiveSchedule, wall: f64, check: bool| {
+            let since = Instant::now();
+            let pull = Pull {
+                key: 0,
+                jobs: 1,
+                since,
+                full: true,
+                check,
+                cold: false,
+            };
+            s.book(0, pull, since + Duration::from_secs_f64(wall));
+            s.starts[0].fetch_add(1, Ordering::Relaxed);
+        };
+        for _ in 0..model::CHECK_PULLS {
+            assert_eq!(
+                first.choose(0, 1, &mut out, &mut state),
+                Some((0, Some(Decision::Remeasure(0))))
+            );
+            book(&first, stored, true);
+        }
+        // Then three pulls beside the module at four times that.
+        for _ in 0..3 {
+            book(&first, 4.0 * stored, false);
+        }
+        let raised = first.estimates[first.slot(0, 0)].cost().map(|c| c.wall);
+        assert!(
+            raised.is_some_and(|w| w > model::FAST_DOWN * stored),
+            "{raised:?}"
+        );
+        drop(first);
+        let next = schedule(&policy, &jobs, &engines, &lanes, 1);
+        assert!(next.may_remeasure(0, 0), "grown since its check");
     }
 
     /// A policy seeded with a store of a cpu at `cpu` seconds a job and a module at
