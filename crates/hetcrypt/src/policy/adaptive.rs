@@ -294,6 +294,15 @@ struct Pull {
     /// later pulls as usual, so a slower engine still shows; one that takes a single
     /// pull a batch costs that batch at most one pull's slowdown.
     cold: bool,
+    /// A module's pull taken while the host-CPU engines' lanes worked, on a host with
+    /// more lanes than cores: its wall time holds their CPU time slices too, so it may
+    /// lower a usable estimate but not raise it. On the soft guest's one vCPU a
+    /// module's 256 B jobs beside the cpu lane cost it 1.5-3x what they cost alone,
+    /// which raised its estimate above the cpu's where it was twice as fast alone, and
+    /// a declined module's re-measurements run cold and could not bring it back
+    /// (`docs/results.md`, twenty-sixth session). Its pulls with the CPU lanes idle,
+    /// and the CPU engines' own pulls (a module lane takes little CPU), count as usual.
+    contended: bool,
 }
 
 /// What one lane keeps between its calls to `next`. Only the lane's own thread touches
@@ -585,7 +594,7 @@ impl AdaptiveSchedule {
             if self.remeasured[engine].load(Ordering::Acquire) >= model::CHECK_PULLS {
                 self.release(engine);
             }
-        } else if pull.cold && estimate.cost().is_some() {
+        } else if (pull.cold || pull.contended) && estimate.cost().is_some() {
             estimate.check(wall, wall);
         } else if (pull.full || estimate.cost().is_none()) && estimate.observe(wall, wall) {
             self.notify();
@@ -766,8 +775,10 @@ impl AdaptiveSchedule {
             since: self.origin + Duration::from_nanos(since),
             full: !run.partial.swap(false, Ordering::Relaxed),
             check: false,
-            // A segment is many pulls in a row: its lane's start weighs little in it.
+            // A segment is many pulls in a row: its lane's start weighs little in it;
+            // and the batch is its engine's alone.
             cold: false,
+            contended: false,
         };
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
         let end = self.origin + Duration::from_nanos(now.max(since));
@@ -885,6 +896,7 @@ impl Schedule for AdaptiveSchedule {
         }
         self.starts[engine].fetch_add(1, Ordering::Relaxed);
         let jobs = out.len() - before;
+        let contended = !self.host_cpu[engine] && self.steal() > 0.0 && !self.others_idle(engine);
         state.pull = Some(Pull {
             key: self.classes[q].key,
             jobs,
@@ -892,6 +904,7 @@ impl Schedule for AdaptiveSchedule {
             full: jobs >= max,
             check: matches!(decision, Some(Decision::Remeasure(_))),
             cold,
+            contended,
         });
         true
     }
@@ -1429,6 +1442,7 @@ mod tests {
             full: true,
             check: false,
             cold: false,
+            contended: false,
         };
         // Two pulls of four jobs in 40 ms each (the first is the warm-up).
         s.book(0, pull, since + Duration::from_millis(40));
@@ -1455,6 +1469,7 @@ mod tests {
                 full: true,
                 check: false,
                 cold,
+                contended: false,
             };
             s.book(1, pull, since + Duration::from_millis(ms));
         };
@@ -1472,6 +1487,48 @@ mod tests {
             wall().is_some_and(|w| w > before),
             "a slow warm pull raises it"
         );
+    }
+
+    /// On one core a module's pull taken while the cpu's lane works is contended: it
+    /// lowers a usable estimate but does not raise it. Taken while the cpu's lane waits,
+    /// or on a host with a core per lane, it is not.
+    #[test]
+    fn a_module_pull_beside_a_working_cpu_lane_on_one_core_only_lowers() {
+        let (engines, lanes) = cpu_and_kernel();
+        let jobs = cbc_jobs([64; 40]);
+        let contended = |cores: usize, cpu_waits: bool| {
+            let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, cores);
+            s.idle[0].store(usize::from(cpu_waits), Ordering::Release);
+            let mut out = Vec::new();
+            assert!(s.next(1, 1, &mut out), "a job for the module's lane");
+            let pull = lock(&s.lanes[1]).pull;
+            pull.map(|p| p.contended)
+        };
+        assert_eq!(contended(1, false), Some(true));
+        assert_eq!(contended(1, true), Some(false), "the cpu's lane waits");
+        assert_eq!(contended(2, false), Some(false), "a core each");
+
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 1);
+        let since = Instant::now();
+        let wall = || s.estimates[s.slot(1, 0)].cost().map(|c| c.wall);
+        let book = |ms: u64, contended: bool| {
+            let pull = Pull {
+                key: 0,
+                jobs: 1,
+                since,
+                full: true,
+                check: false,
+                cold: false,
+                contended,
+            };
+            s.book(1, pull, since + Duration::from_millis(ms));
+        };
+        book(10, false);
+        book(10, false);
+        book(30, true);
+        assert_eq!(wall(), Some(0.01), "a slow contended pull is left out");
+        book(5, true);
+        assert!(wall().is_some_and(|w| w < 0.01), "a fast one lowers it");
     }
 
     /// Probes count per engine and class: after [`model::PROBES`] probes of the small
@@ -1526,6 +1583,7 @@ mod tests {
                     full: true,
                     check: true,
                     cold: false,
+                    contended: false,
                 };
                 s.book(0, pull, since + Duration::from_secs_f64(stored));
                 s.starts[0].fetch_add(1, Ordering::Relaxed);
@@ -1571,6 +1629,7 @@ mod tests {
                 full: true,
                 check,
                 cold: false,
+                contended: false,
             };
             s.book(0, pull, since + Duration::from_secs_f64(wall));
             s.starts[0].fetch_add(1, Ordering::Relaxed);
@@ -1621,7 +1680,7 @@ mod tests {
         let mut free = [0.0f64, 0.0];
         let mut pulls: [Option<Pull>; 2] = [None, None];
         let (mut done, mut ran, mut stalls) = ([false, false], [0, 0], 0);
-        let mut state = [LaneState::default(), LaneState::default()];
+        let (mut state, mut waiting) = ([LaneState::default(), LaneState::default()], [false; 2]);
         while let Some(e) = (0..2)
             .filter(|&e| !done[e])
             .min_by(|&a, &b| free[a].total_cmp(&free[b]))
@@ -1632,6 +1691,7 @@ mod tests {
             match decide(&s, e) {
                 Decision::Done => done[e] = true,
                 Decision::Wait => {
+                    waiting[e] = true;
                     // Until the other lane's job ends, or it has asked.
                     stalls += 1;
                     assert!(stalls < 4, "both lanes wait: {ran:?}");
@@ -1649,7 +1709,11 @@ mod tests {
                         full: true,
                         check: matches!(decision, Some(Decision::Remeasure(_))),
                         cold: !std::mem::replace(&mut state[e].warm, true),
+                        contended: !s.host_cpu[e]
+                            && s.steal() > 0.0
+                            && !(done[1 - e] || waiting[1 - e]),
                     });
+                    waiting[e] = false;
                     free[e] += truth[e];
                     ran[e] += 1;
                     stalls = 0;
