@@ -1491,7 +1491,8 @@ mod tests {
 
     /// On one core a module's pull taken while the cpu's lane works is contended: it
     /// lowers a usable estimate but does not raise it. Taken while the cpu's lane waits,
-    /// or on a host with a core per lane, it is not.
+    /// or on a host with a core per lane, it is not. (And a lane's first pull is cold,
+    /// its next one not: the flag [`Pull::cold`] is set where the pull is taken.)
     #[test]
     fn a_module_pull_beside_a_working_cpu_lane_on_one_core_only_lowers() {
         let (engines, lanes) = cpu_and_kernel();
@@ -1505,6 +1506,14 @@ mod tests {
             pull.map(|p| p.contended)
         };
         assert_eq!(contended(1, false), Some(true));
+        // A lane's first pull is cold, its next one is not.
+        let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
+        let mut out = Vec::new();
+        let cold = |s: &AdaptiveSchedule| lock(&s.lanes[1]).pull.map(|p| p.cold);
+        assert!(s.next(1, 1, &mut out));
+        assert_eq!(cold(&s), Some(true), "the lane's first pull");
+        assert!(s.next(1, 1, &mut out));
+        assert_eq!(cold(&s), Some(false), "its second");
         assert_eq!(contended(1, true), Some(false), "the cpu's lane waits");
         assert_eq!(contended(2, false), Some(false), "a core each");
 
