@@ -1366,6 +1366,20 @@ mod tests {
         jobs
     }
 
+    /// A full, warm, uncontended pull of `jobs` jobs of the first class, taken at
+    /// `since`: the tests vary the flags they are about with `..`.
+    fn pull_at(since: Instant, jobs: usize) -> Pull {
+        Pull {
+            key: 0,
+            jobs,
+            since,
+            full: true,
+            check: false,
+            cold: false,
+            contended: false,
+        }
+    }
+
     /// With every lane of the other engine waiting, the cpu's lane keeps taking from
     /// its class without deciding, one job a pull, until an event (the module failing)
     /// makes it decide again.
@@ -1435,15 +1449,7 @@ mod tests {
         let jobs = cbc_jobs([64; 10]);
         let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
         let since = Instant::now();
-        let pull = Pull {
-            key: 0,
-            jobs: 4,
-            since,
-            full: true,
-            check: false,
-            cold: false,
-            contended: false,
-        };
+        let pull = pull_at(since, 4);
         // Two pulls of four jobs in 40 ms each (the first is the warm-up).
         s.book(0, pull, since + Duration::from_millis(40));
         s.book(0, pull, since + Duration::from_millis(40));
@@ -1463,13 +1469,8 @@ mod tests {
         let wall = || s.estimates[s.slot(1, 0)].cost().map(|c| c.wall);
         let book = |ms: u64, cold: bool| {
             let pull = Pull {
-                key: 0,
-                jobs: 1,
-                since,
-                full: true,
-                check: false,
                 cold,
-                contended: false,
+                ..pull_at(since, 1)
             };
             s.book(1, pull, since + Duration::from_millis(ms));
         };
@@ -1506,6 +1507,8 @@ mod tests {
             pull.map(|p| p.contended)
         };
         assert_eq!(contended(1, false), Some(true));
+        assert_eq!(contended(1, true), Some(false), "the cpu's lane waits");
+        assert_eq!(contended(2, false), Some(false), "a core each");
         // A lane's first pull is cold, its next one is not.
         let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 2);
         let mut out = Vec::new();
@@ -1514,21 +1517,14 @@ mod tests {
         assert_eq!(cold(&s), Some(true), "the lane's first pull");
         assert!(s.next(1, 1, &mut out));
         assert_eq!(cold(&s), Some(false), "its second");
-        assert_eq!(contended(1, true), Some(false), "the cpu's lane waits");
-        assert_eq!(contended(2, false), Some(false), "a core each");
 
         let s = schedule(&Adaptive::new(), &jobs, &engines, &lanes, 1);
         let since = Instant::now();
         let wall = || s.estimates[s.slot(1, 0)].cost().map(|c| c.wall);
         let book = |ms: u64, contended: bool| {
             let pull = Pull {
-                key: 0,
-                jobs: 1,
-                since,
-                full: true,
-                check: false,
-                cold: false,
                 contended,
+                ..pull_at(since, 1)
             };
             s.book(1, pull, since + Duration::from_millis(ms));
         };
@@ -1586,13 +1582,8 @@ mod tests {
                 // At the stored cost: nothing to correct.
                 let stored = 1e-6 + 10e-9 * 65536.0;
                 let pull = Pull {
-                    key: 0,
-                    jobs: 1,
-                    since,
-                    full: true,
                     check: true,
-                    cold: false,
-                    contended: false,
+                    ..pull_at(since, 1)
                 };
                 s.book(0, pull, since + Duration::from_secs_f64(stored));
                 s.starts[0].fetch_add(1, Ordering::Relaxed);
@@ -1632,13 +1623,8 @@ mod tests {
         let book = |s: &AdaptiveSchedule, wall: f64, check: bool| {
             let since = Instant::now();
             let pull = Pull {
-                key: 0,
-                jobs: 1,
-                since,
-                full: true,
                 check,
-                cold: false,
-                contended: false,
+                ..pull_at(since, 1)
             };
             s.book(0, pull, since + Duration::from_secs_f64(wall));
             s.starts[0].fetch_add(1, Ordering::Relaxed);
