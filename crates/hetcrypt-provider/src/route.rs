@@ -274,7 +274,16 @@ pub struct Router {
     module_cpu_ns: SharedTotal,
     /// The router's inputs over time, where `HETCRYPT_PROVIDER_TRACE` is set.
     timeline: Option<Timeline>,
+    /// Bytes of every call routed so far: the rate the balanced mode's trials compare.
+    carried: AtomicU64,
+    /// The trials' clock origin.
+    origin: Instant,
 }
+
+/// A thread ticks the balanced mode's trial (a clock read, and the load sampled if
+/// its period is over) once in this many calls: at ~200 calls a second (the soft
+/// guest's 1 KiB responses) still every 40 ms, well inside a 250-ms window.
+const TRIAL_TICK_EVERY: u32 = 8;
 
 /// The smallest call the timeline follows: TLS records of 4 KiB and up, where the
 /// module can win.
@@ -303,6 +312,8 @@ thread_local! {
     /// This thread's `schedstat`, kept open: its run-queue delay, read around each
     /// module call the router weighs (one `pread` each side).
     static SCHEDSTAT: Option<crate::load::ProcFile> = crate::load::ProcFile::open("/proc/thread-self/schedstat");
+    /// Calls this thread routed, for [`TRIAL_TICK_EVERY`].
+    static ROUTED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// The calling thread's time spent waiting on a run queue so far, ns; `None` where
@@ -459,6 +470,8 @@ impl Router {
                 module_delay_ns: AtomicU64::new(0),
                 module_counted_ns: AtomicU64::new(0),
             }),
+            carried: AtomicU64::new(0),
+            origin: Instant::now(),
         }
     }
 
@@ -479,9 +492,10 @@ impl Router {
 
     fn timeline_line(&self, t: &Timeline, now: Instant) {
         let mut line = format!(
-            "  t {:.1} s busy {} share {} to-cpu {} to-module {} module wall {:.1} ms delay {:.1} ms counted {:.1} ms",
+            "  t {:.1} s busy {} trial {:?} share {} to-cpu {} to-module {} module wall {:.1} ms delay {:.1} ms counted {:.1} ms",
             now.saturating_duration_since(t.start).as_secs_f64(),
             self.calls.busy(),
+            self.calls.trials().0,
             self.calls
                 .kernel_share()
                 .map_or_else(|| "?".to_string(), |s| s.to_string()),
@@ -518,6 +532,9 @@ impl Router {
 
     /// Where a call of `len` bytes of cipher `alg` goes.
     pub fn choose(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
+        if self.calls.mode() == RouterMode::Balanced {
+            self.tick_trial(len);
+        }
         let dest = self.choose_inner(alg, enc, len);
         if let Some(t) = self.timeline.as_ref().filter(|_| len >= TIMELINE_FROM) {
             let n = match dest {
@@ -527,6 +544,25 @@ impl Router {
             n.fetch_add(1, Ordering::Relaxed);
         }
         dest
+    }
+
+    /// Counts a call's bytes and, every [`TRIAL_TICK_EVERY`] calls of this thread,
+    /// moves the balanced mode's trial on (sampling the load first, so that the trial
+    /// sees how busy the CPUs are even while no call is timed).
+    fn tick_trial(&self, len: usize) {
+        let bytes = self.carried.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        let n = ROUTED.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n
+        });
+        if n.is_multiple_of(TRIAL_TICK_EVERY) {
+            let now = Instant::now();
+            self.sample_load(now);
+            let ns = now.saturating_duration_since(self.origin).as_nanos();
+            self.calls
+                .tick_trial(u64::try_from(ns).unwrap_or(u64::MAX), bytes);
+        }
     }
 
     fn choose_inner(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
@@ -750,8 +786,15 @@ impl Router {
             (None, Some(why)) => format!("module {why}"),
             (None, None) => "no module".into(),
         };
+        let trials = match (mode, &self.module) {
+            (RouterMode::Balanced, Some(_)) => {
+                let (_, ran, won) = self.calls.trials();
+                format!("; trials {ran} (the module won {won})")
+            }
+            _ => String::new(),
+        };
         format!(
-            "hetcrypt provider: policy {}; cpu (in-line): {cc} calls, {cb} bytes; {module}; fail-overs {}; calibration {}",
+            "hetcrypt provider: policy {}; cpu (in-line): {cc} calls, {cb} bytes; {module}; fail-overs {}{trials}; calibration {}",
             mode.name(),
             self.failovers.load(Ordering::Relaxed),
             self.calibration

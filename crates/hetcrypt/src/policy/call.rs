@@ -20,6 +20,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::trial::{Arm, Trial};
+
 /// How a router decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouterMode {
@@ -208,6 +210,8 @@ pub struct CallRouter {
     /// [`KERNEL_SHARE_UNIT`] of the callers' CPU time in them ([`SHARE_UNKNOWN`]: none
     /// reported yet).
     kernel_share: AtomicU32,
+    /// Whether the module, given every call it takes, serves more than the rule.
+    trial: Trial,
 }
 
 /// Calls between checks of the engine a site does not prefer (a power of two, so the
@@ -292,7 +296,23 @@ impl CallRouter {
                 .collect(),
             busy: AtomicU32::new(0),
             kernel_share: AtomicU32::new(SHARE_UNKNOWN),
+            trial: Trial::default(),
         }
+    }
+
+    /// Moves the balanced mode's trial on ([`Trial::tick`]): `now_ns` on a monotonic
+    /// clock, `bytes` carried through the router's caller so far (every call's), at
+    /// the load last reported ([`Self::set_busy`]). The caller ticks it every few
+    /// calls; [`Self::route`] follows its outcome.
+    pub fn tick_trial(&self, now_ns: u64, bytes: u64) -> Arm {
+        self.trial.tick(now_ns, bytes, self.busy())
+    }
+
+    /// The balanced mode's trials: how calls are routed now, and how many trials ran
+    /// to their end and the module won ([`Trial::outcomes`]).
+    pub fn trials(&self) -> (Arm, u32, u32) {
+        let (ran, module) = self.trial.outcomes();
+        (self.trial.arm(), ran, module)
     }
 
     /// The kernel share as last reported (per [`KERNEL_SHARE_UNIT`]); `None` before
@@ -373,6 +393,9 @@ impl CallRouter {
             RouterMode::Module => return Route::Module,
             RouterMode::Balanced => {}
         }
+        if self.trial.arm() == Arm::Module {
+            return Route::Module;
+        }
         let e = self.estimate(site);
         let cpu = e.cpu.load(Ordering::Relaxed);
         // A key's first call stands in for the module's cost until a steady one is
@@ -433,6 +456,7 @@ impl CallRouter {
         } else if t & (recheck_gap(u64::from(BURST) * (module - cpu), cpu) - 1) == 0 {
             check_module()
         } else {
+            self.trial.saw_in_line(cpu, module);
             Route::Cpu {
                 timed: t.is_multiple_of(e.sample_every()),
             }
@@ -706,6 +730,49 @@ mod tests {
         r.observe_module_cpu(site(4096), 1_000_000);
         r.set_kernel_share(2000);
         assert!(module_share(&r, 4096, 1024) <= checks);
+    }
+
+    /// The soft guest's 1 KiB records (twenty-seventh session's trace): 300 us in-line;
+    /// 700 us on the module, 400 us of it the caller's CPU, and the kernel's 0.6 ns per
+    /// ns: the rule keeps them in-line, and being within TRIAL_FACTOR it starts a
+    /// trial on a busy machine; while the trial's module windows run, and while a
+    /// module win is held, every call goes to the module as in the module mode.
+    #[test]
+    fn a_trial_the_module_wins_routes_every_call_to_it() {
+        use super::super::trial::{HOLD_NS, WINDOWS, WINDOW_NS};
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_busy(FULL_LOAD);
+        r.set_kernel_share(600);
+        r.observe_cpu(site(1024), 300_000);
+        r.observe_module(site(1024), 700_000);
+        r.observe_module_cpu(site(1024), 400_000);
+        assert!(module_share(&r, 1024, 1024) <= 1024 / MIN_GAP as u32 * BURST);
+        // The module's windows carry 1.2x the bytes a ms.
+        let (mut now, mut bytes) = (0, 0);
+        let mut arm = r.tick_trial(now, bytes);
+        for _ in 0..u64::from(WINDOWS) * WINDOW_NS / 1_000_000 + 1 {
+            if arm == Arm::Module {
+                assert_eq!(r.route(site(1024)), Route::Module);
+            }
+            now += 1_000_000;
+            bytes += if arm == Arm::Module { 1_200 } else { 1_000 };
+            arm = r.tick_trial(now, bytes);
+        }
+        assert_eq!(r.trials(), (Arm::Module, 1, 1));
+        assert_eq!(module_share(&r, 1024, 1024), 1024, "held on the module");
+        assert_eq!(r.tick_trial(now + HOLD_NS, bytes), Arm::Rule);
+        // A module far dearer (a CPU with AES instructions: 30 us in-line) is never
+        // tried.
+        let r = CallRouter::new(RouterMode::Balanced, 1, None);
+        r.set_busy(FULL_LOAD);
+        r.set_kernel_share(600);
+        r.observe_cpu(site(1024), 30_000);
+        r.observe_module(site(1024), 700_000);
+        r.observe_module_cpu(site(1024), 400_000);
+        module_share(&r, 1024, 1024);
+        assert_eq!(r.tick_trial(0, 0), Arm::Rule);
+        assert_eq!(r.tick_trial(WINDOW_NS, 1), Arm::Rule);
+        assert_eq!(r.trials(), (Arm::Rule, 0, 0));
     }
 
     /// 16 KiB records: 1.85 ms in-line, 1.0 ms on the module of which 0.6 ms the

@@ -13,6 +13,7 @@ mod pull;
 pub mod queue;
 mod round_robin;
 pub mod threshold;
+pub mod trial;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -1,0 +1,333 @@
+//! Whole-machine trials for the per-call router: on a saturated machine, whether
+//! sending every call the module takes to it serves more bytes a second than the
+//! per-call rule does, measured by running both in turn.
+//!
+//! The per-call rule weighs what one call costs (in-line CPU time against a module
+//! call's CPU and wall time). That misses what a blocking module call changes around
+//! it: in the `soft` testbed guest (one vCPU) with 1 KiB TLS records, the rule kept
+//! every record in-line (~0.3 ms each, against ~0.4 ms of the caller's CPU and more
+//! of the kernel's on the module), yet nginx with every record on the module served
+//! 1.12-1.25x the requests, its own CPU per request ~1 ms lower (docs/https.md,
+//! twenty-seventh session): while the worker sleeps on the device, the client's
+//! requests gather, and each wake-up of either serves more of them. No per-call
+//! cost shows that; the rate of the whole does. So where the rule keeps calls
+//! in-line that the module might carry ([`TRIAL_FACTOR`]) and every CPU is busy
+//! (the rate then measures capacity, not the offered load), windows of the two ways
+//! alternate, and the faster one is held for a while.
+//!
+//! Pure logic: the caller reports the time, the bytes carried so far and the load;
+//! [`Trial::arm`] says how to route now.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+/// How calls are routed now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// By the per-call rule.
+    Rule,
+    /// Every call the module takes to the module (as the `module` mode routes).
+    Module,
+}
+
+/// Load (per mille of all CPUs busy) from which a trial may start and go on: below
+/// it the rate follows the offered load, whichever way calls go, and tells nothing.
+pub const TRIAL_BUSY: u32 = 950;
+/// A site's calls that the rule keeps in-line count as the module's to try where its
+/// per-call cost is within this factor of the in-line one. The soft guest's 1 KiB
+/// records, where the module served more, read 2.1x by the `module` nginx's steady
+/// calls and up to 3.7x by the `balanced` nginx's few checks (their wall time 2.1-2.3
+/// ms after a pause, against ~0.6 ms fed steadily; twenty-seventh session); a
+/// module 30x dearer (a CPU with AES instructions: ~20 us in-line at 1 KiB in the
+/// aesni guest) is not tried, so such machines never pay for a trial's module windows.
+pub const TRIAL_FACTOR: u64 = 8;
+/// One window of a trial, ns: long enough for dozens of 1 KiB responses on the soft
+/// guest (~200 a second), short enough that a trial ends within two seconds.
+pub const WINDOW_NS: u64 = 250_000_000;
+/// Windows in a trial, the two ways alternating (rule first): three each.
+pub const WINDOWS: u8 = 6;
+/// The module must serve this much faster (1/32, ~3%) to be held: a near tie keeps the
+/// rule, which frees the module for other callers.
+const MARGIN_SHIFT: u32 = 5;
+/// How long a trial's outcome is held before the next trial, ns: a trial's module
+/// windows cost up to half their rate where the module loses, so trials stay a
+/// small part of the time (1.5 s in 30 s).
+pub const HOLD_NS: u64 = 30_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// No trial: the rule routes; `since` the last trial ended (ns), if one did.
+    Idle { since: Option<u64> },
+    /// Window `n` of a trial, started at `start` with `bytes` carried.
+    Window { n: u8, start: u64, bytes: u64 },
+    /// A trial's outcome, held until `until`.
+    Hold { arm: Arm, until: u64 },
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// Bytes and ns of the finished windows, per way (rule, module).
+    sums: [(u64, u64); 2],
+}
+
+/// A router's trials: see the module's documentation.
+#[derive(Debug)]
+pub struct Trial {
+    state: Mutex<State>,
+    /// The way calls are routed now (0: the rule, 1: the module), read on every call.
+    arm: AtomicU8,
+    /// Whether the rule kept a call in-line that the module might carry since the
+    /// last look ([`TRIAL_FACTOR`]).
+    close: AtomicBool,
+    /// Trials run to their end, and how many of them the module won.
+    outcomes: [AtomicU32; 2],
+}
+
+impl Default for Trial {
+    fn default() -> Self {
+        Trial {
+            state: Mutex::new(State {
+                phase: Phase::Idle { since: None },
+                sums: [(0, 0); 2],
+            }),
+            arm: AtomicU8::new(0),
+            close: AtomicBool::new(false),
+            outcomes: [AtomicU32::new(0), AtomicU32::new(0)],
+        }
+    }
+}
+
+fn arm_of(n: u8) -> Arm {
+    if n.is_multiple_of(2) {
+        Arm::Rule
+    } else {
+        Arm::Module
+    }
+}
+
+impl Trial {
+    /// How to route a call now.
+    pub fn arm(&self) -> Arm {
+        match self.arm.load(Ordering::Relaxed) {
+            0 => Arm::Rule,
+            _ => Arm::Module,
+        }
+    }
+
+    /// Notes that the rule kept a call in-line at a site where the module's per-call
+    /// cost `module` is within [`TRIAL_FACTOR`] of the in-line `cpu`.
+    pub fn saw_in_line(&self, cpu: u64, module: u64) {
+        if module <= cpu.saturating_mul(TRIAL_FACTOR) && !self.close.load(Ordering::Relaxed) {
+            self.close.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Trials run to their end so far, and how many the module won.
+    pub fn outcomes(&self) -> (u32, u32) {
+        (
+            self.outcomes[0].load(Ordering::Relaxed),
+            self.outcomes[1].load(Ordering::Relaxed),
+        )
+    }
+
+    fn set(&self, arm: Arm) {
+        self.arm
+            .store(u8::from(arm == Arm::Module), Ordering::Relaxed);
+    }
+
+    /// Moves the trial on: `now` in ns on any monotonic clock, `bytes` carried so far
+    /// (every call's, a running total), `busy` the load as last sampled (per mille).
+    /// Returns how to route from now on. Another caller ticking meanwhile: nothing.
+    pub fn tick(&self, now: u64, bytes: u64, busy: u32) -> Arm {
+        let Ok(mut st) = self.state.try_lock() else {
+            return self.arm();
+        };
+        let saturated = busy >= TRIAL_BUSY;
+        match st.phase {
+            Phase::Idle { since } => {
+                let rested = since.is_none_or(|s| now.saturating_sub(s) >= HOLD_NS);
+                if rested && saturated && self.close.swap(false, Ordering::Relaxed) {
+                    st.sums = [(0, 0); 2];
+                    st.phase = Phase::Window {
+                        n: 0,
+                        start: now,
+                        bytes,
+                    };
+                }
+                self.set(Arm::Rule);
+            }
+            Phase::Window {
+                n,
+                start,
+                bytes: b0,
+            } => {
+                if !saturated {
+                    // The rate now follows the offered load: no evidence either way.
+                    st.phase = Phase::Idle { since: Some(now) };
+                    self.set(Arm::Rule);
+                } else if now.saturating_sub(start) >= WINDOW_NS {
+                    let way = usize::from(arm_of(n) == Arm::Module);
+                    st.sums[way].0 += bytes.saturating_sub(b0);
+                    st.sums[way].1 += now - start;
+                    if n + 1 < WINDOWS {
+                        st.phase = Phase::Window {
+                            n: n + 1,
+                            start: now,
+                            bytes,
+                        };
+                        self.set(arm_of(n + 1));
+                    } else {
+                        let arm = winner(st.sums);
+                        self.outcomes[0].fetch_add(1, Ordering::Relaxed);
+                        if arm == Arm::Module {
+                            self.outcomes[1].fetch_add(1, Ordering::Relaxed);
+                        }
+                        st.phase = Phase::Hold {
+                            arm,
+                            until: now.saturating_add(HOLD_NS),
+                        };
+                        self.set(arm);
+                    }
+                } else {
+                    self.set(arm_of(n));
+                }
+            }
+            Phase::Hold { arm, until } => {
+                if now >= until {
+                    st.phase = Phase::Idle { since: None };
+                    self.close.store(false, Ordering::Relaxed);
+                    self.set(Arm::Rule);
+                } else {
+                    self.set(arm);
+                }
+            }
+        }
+        self.arm()
+    }
+}
+
+/// The way that served more bytes a second, the module only by [`MARGIN_SHIFT`]'s
+/// margin.
+fn winner(sums: [(u64, u64); 2]) -> Arm {
+    let [(rule_bytes, rule_ns), (module_bytes, module_ns)] =
+        sums.map(|(b, n)| (b as u128, n as u128));
+    // module/module_ns > rule/rule_ns * (1 + margin), cross-multiplied.
+    let rule = rule_bytes * module_ns;
+    if module_bytes * rule_ns > rule + (rule >> MARGIN_SHIFT) {
+        Arm::Module
+    } else {
+        Arm::Rule
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs a trial to its end at `busy`, the rule's windows carrying `rule` bytes a
+    /// ms and the module's `module`; returns the outcome and the ways the windows
+    /// used.
+    fn run(t: &Trial, start: u64, rule: u64, module: u64, busy: u32) -> (Arm, Vec<Arm>) {
+        let mut now = start;
+        let mut bytes = 0;
+        let mut ways = Vec::new();
+        let mut arm = t.tick(now, bytes, busy);
+        let mut last = None;
+        for _ in 0..(u64::from(WINDOWS) * WINDOW_NS / MS + 10) {
+            if let Phase::Window { n, .. } = t.state.lock().unwrap().phase {
+                if last != Some(n) {
+                    ways.push(arm);
+                    last = Some(n);
+                }
+            }
+            now += MS;
+            bytes += if arm == Arm::Module { module } else { rule };
+            arm = t.tick(now, bytes, busy);
+        }
+        (arm, ways)
+    }
+
+    #[test]
+    fn a_faster_module_is_held_after_alternating_windows() {
+        let t = Trial::default();
+        t.saw_in_line(300, 640);
+        let (arm, ways) = run(&t, 0, 100, 115, 1000);
+        assert_eq!(arm, Arm::Module);
+        assert_eq!(t.outcomes(), (1, 1));
+        assert_eq!(
+            ways,
+            [
+                Arm::Rule,
+                Arm::Module,
+                Arm::Rule,
+                Arm::Module,
+                Arm::Rule,
+                Arm::Module
+            ]
+        );
+        // Held: every tick routes to the module until the hold ends.
+        assert_eq!(t.tick(10_000 * MS, 0, 1000), Arm::Module);
+        assert_eq!(t.tick(HOLD_NS + 2_000 * MS, 0, 1000), Arm::Rule);
+    }
+
+    #[test]
+    fn a_slower_or_barely_faster_module_leaves_the_rule() {
+        for module in [60, 100, 102] {
+            let t = Trial::default();
+            t.saw_in_line(300, 640);
+            assert_eq!(
+                run(&t, 0, 100, module, 1000).0,
+                Arm::Rule,
+                "module {module}"
+            );
+            assert_eq!(t.outcomes(), (1, 0));
+            assert!(matches!(t.state.lock().unwrap().phase, Phase::Hold { .. }));
+        }
+    }
+
+    #[test]
+    fn no_trial_without_a_close_site_or_below_full_load() {
+        let t = Trial::default();
+        t.saw_in_line(30, 640);
+        t.saw_in_line(300, 300 * TRIAL_FACTOR + 1);
+        assert_eq!(t.tick(0, 0, 1000), Arm::Rule);
+        assert_eq!(t.state.lock().unwrap().phase, Phase::Idle { since: None });
+        t.saw_in_line(300, 640);
+        assert_eq!(t.tick(0, 0, TRIAL_BUSY - 1), Arm::Rule);
+        assert_eq!(t.state.lock().unwrap().phase, Phase::Idle { since: None });
+        assert!(matches!(t.tick(MS, 0, TRIAL_BUSY), Arm::Rule));
+        assert!(matches!(
+            t.state.lock().unwrap().phase,
+            Phase::Window { n: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn a_drop_in_load_ends_a_trial_and_the_next_waits_a_hold() {
+        let t = Trial::default();
+        t.saw_in_line(300, 640);
+        t.tick(0, 0, 1000);
+        assert_eq!(t.tick(WINDOW_NS, 1000, 1000), Arm::Module, "second window");
+        assert_eq!(t.tick(WINDOW_NS + MS, 1000, 500), Arm::Rule);
+        t.saw_in_line(300, 640);
+        assert_eq!(t.tick(WINDOW_NS + 2 * MS, 1000, 1000), Arm::Rule);
+        assert!(matches!(t.state.lock().unwrap().phase, Phase::Idle { .. }));
+        t.tick(WINDOW_NS + HOLD_NS + MS, 1000, 1000);
+        assert!(matches!(
+            t.state.lock().unwrap().phase,
+            Phase::Window { n: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn the_margin_is_a_thirty_second() {
+        let ns = WINDOW_NS * 3;
+        assert_eq!(winner([(3200, ns), (3300, ns)]), Arm::Rule);
+        assert_eq!(winner([(3200, ns), (3301, ns)]), Arm::Module);
+        // Rates, not totals: the module's windows ran longer.
+        assert_eq!(winner([(3200, ns), (3400, 2 * ns)]), Arm::Rule);
+    }
+}
