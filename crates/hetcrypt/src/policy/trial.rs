@@ -1,13 +1,14 @@
-//! Whole-machine trials for the per-call router: on a saturated machine, whether
-//! sending every call the module takes to it serves more bytes a second than the
-//! per-call rule does, measured by running both in turn.
+//! Trials for the per-call router: the module for every call against the rule, by rate.
+//!
+//! On a saturated machine: whether sending every call the module takes to it serves
+//! more bytes a second than the per-call rule does, measured by running both in turn.
 //!
 //! The per-call rule weighs what one call costs (in-line CPU time against a module
 //! call's CPU and wall time). That misses what a blocking module call changes around
 //! it: in the `soft` testbed guest (one vCPU) with 1 KiB TLS records, the rule kept
 //! every record in-line (~0.3 ms each, against ~0.4 ms of the caller's CPU and more
 //! of the kernel's on the module), yet nginx with every record on the module served
-//! 1.12-1.25x the requests, its own CPU per request ~1 ms lower (docs/https.md,
+//! more requests, its own CPU per request ~1 ms lower (docs/https.md,
 //! twenty-seventh session): while the worker sleeps on the device, the client's
 //! requests gather, and each wake-up of either serves more of them. No per-call
 //! cost shows that; the rate of the whole does. So where the rule keeps calls
