@@ -312,8 +312,12 @@ thread_local! {
     /// This thread's `schedstat`, kept open: its run-queue delay, read around each
     /// module call the router weighs (one `pread` each side).
     static SCHEDSTAT: Option<crate::load::ProcFile> = crate::load::ProcFile::open("/proc/thread-self/schedstat");
-    /// Calls this thread routed, for [`TRIAL_TICK_EVERY`].
-    static ROUTED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Calls this thread routed since its last trial tick ([`TRIAL_TICK_EVERY`]), and
+    /// their bytes: added to the router's total at the tick, so that no shared counter
+    /// is touched on every call. (A thread calling two routers, one per library
+    /// context, may add a few calls' bytes to the other's total: a trial compares
+    /// rates across windows of the same router, and such a thread adds to both.)
+    static ROUTED: std::cell::Cell<(u32, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 /// The calling thread's time spent waiting on a run queue so far, ns; `None` where
@@ -532,7 +536,7 @@ impl Router {
 
     /// Where a call of `len` bytes of cipher `alg` goes.
     pub fn choose(&self, alg: usize, enc: bool, len: usize) -> Dest<'_> {
-        if self.calls.mode() == RouterMode::Balanced {
+        if self.calls.mode() == RouterMode::Balanced && self.module.is_some() {
             self.tick_trial(len);
         }
         let dest = self.choose_inner(alg, enc, len);
@@ -550,13 +554,18 @@ impl Router {
     /// moves the balanced mode's trial on (sampling the load first, so that the trial
     /// sees how busy the CPUs are even while no call is timed).
     fn tick_trial(&self, len: usize) {
-        let bytes = self.carried.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
-        let n = ROUTED.with(|c| {
-            let n = c.get().wrapping_add(1);
-            c.set(n);
-            n
+        let (n, pending) = ROUTED.with(|c| {
+            let (n, bytes) = c.get();
+            let now = (n + 1, bytes + len as u64);
+            c.set(if now.0 >= TRIAL_TICK_EVERY {
+                (0, 0)
+            } else {
+                now
+            });
+            now
         });
-        if n.is_multiple_of(TRIAL_TICK_EVERY) {
+        if n >= TRIAL_TICK_EVERY {
+            let bytes = self.carried.fetch_add(pending, Ordering::Relaxed) + pending;
             let now = Instant::now();
             self.sample_load(now);
             let ns = now.saturating_duration_since(self.origin).as_nanos();
@@ -845,6 +854,40 @@ mod tests {
     /// by its wall time the module looked dearer than in-line and the records went
     /// in-line; with the waiting beyond the kernel's work taken off (2.25 ms) they stay
     /// on the module. The readings are `schedstat` as the kernel writes it.
+    /// A thread's calls reach the router's byte total at its trial ticks, every
+    /// TRIAL_TICK_EVERY calls; without a module nothing is counted or ticked.
+    #[test]
+    fn a_thread_s_bytes_reach_the_trial_at_its_ticks() {
+        let r = Router::new(&Config {
+            engines: vec!["cpu".into()],
+            mode: RouterMode::Balanced,
+            threshold: None,
+            stats: None,
+            calibration: None,
+        });
+        assert!(r.module.is_none());
+        for _ in 0..3 * TRIAL_TICK_EVERY {
+            let _ = r.choose(0, true, 100);
+        }
+        assert_eq!(r.carried.load(Ordering::Relaxed), 0, "no module: no trials");
+        // A fresh thread: the calls before its first tick stay its own.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 1..TRIAL_TICK_EVERY {
+                    r.tick_trial(100);
+                }
+                assert_eq!(r.carried.load(Ordering::Relaxed), 0);
+                r.tick_trial(100);
+                let tick = u64::from(TRIAL_TICK_EVERY) * 100;
+                assert_eq!(r.carried.load(Ordering::Relaxed), tick);
+                for _ in 0..TRIAL_TICK_EVERY {
+                    r.tick_trial(50);
+                }
+                assert_eq!(r.carried.load(Ordering::Relaxed), tick + tick / 2);
+            });
+        });
+    }
+
     #[test]
     fn a_module_call_s_run_queue_wait_does_not_send_records_in_line() {
         use crate::load::run_delay;
