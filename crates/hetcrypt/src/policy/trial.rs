@@ -41,9 +41,10 @@ pub const TRIAL_BUSY: u32 = 850;
 /// per-call cost is within this factor of the in-line one. The soft guest's 1 KiB
 /// records, where the module served more, read 2.1x by the `module` nginx's steady
 /// calls and up to 3.7x by the `balanced` nginx's few checks (their wall time 2.1-2.3
-/// ms after a pause, against ~0.6 ms fed steadily; twenty-seventh session); a
-/// module 30x dearer (a CPU with AES instructions: ~20 us in-line at 1 KiB in the
-/// aesni guest) is not tried, so such machines never pay for a trial's module windows.
+/// ms after a pause, against ~0.6 ms fed steadily; twenty-seventh session). The aesni
+/// guest's 1 KiB records fall within it too, and their trials lose (the pair rule);
+/// a module dearer still is never tried, and its machine never pays for a trial's
+/// module windows.
 pub const TRIAL_FACTOR: u64 = 8;
 /// One window of a trial, ns: long enough for dozens of 1 KiB responses on the soft
 /// guest (~200 a second), short enough that a trial ends within two seconds.
