@@ -847,24 +847,22 @@ mod tests {
         assert_eq!(in_line_cost(0, 5, false), 1);
     }
 
-    /// The nineteenth session's loaded soft guest (docs/https.md): a 16 KiB record took
-    /// 2.7 ms in-line and 5.8 ms of wall time on the module, 4.0 ms of that nginx
-    /// waiting on the run queue of the guest's one vCPU while `wrk` ran, 0.3 ms nginx's
-    /// own CPU, the kernel 1.5 ns per ns of that on its threads; every CPU busy. Counted
-    /// by its wall time the module looked dearer than in-line and the records went
-    /// in-line; with the waiting beyond the kernel's work taken off (2.25 ms) they stay
-    /// on the module. The readings are `schedstat` as the kernel writes it.
-    /// A thread's calls reach the router's byte total at its trial ticks, every
-    /// TRIAL_TICK_EVERY calls; without a module nothing is counted or ticked.
-    #[test]
-    fn a_thread_s_bytes_reach_the_trial_at_its_ticks() {
-        let r = Router::new(&Config {
+    /// A balanced router with the in-line CPU only (no module is configured).
+    fn balanced_without_module() -> Router {
+        Router::new(&Config {
             engines: vec!["cpu".into()],
             mode: RouterMode::Balanced,
             threshold: None,
             stats: None,
             calibration: None,
-        });
+        })
+    }
+
+    /// A thread's calls reach the router's byte total at its trial ticks, every
+    /// TRIAL_TICK_EVERY calls; without a module nothing is counted or ticked.
+    #[test]
+    fn a_thread_s_bytes_reach_the_trial_at_its_ticks() {
+        let r = balanced_without_module();
         assert!(r.module.is_none());
         for _ in 0..3 * TRIAL_TICK_EVERY {
             let _ = r.choose(0, true, 100);
@@ -888,6 +886,13 @@ mod tests {
         });
     }
 
+    /// The nineteenth session's loaded soft guest (docs/https.md): a 16 KiB record took
+    /// 2.7 ms in-line and 5.8 ms of wall time on the module, 4.0 ms of that nginx
+    /// waiting on the run queue of the guest's one vCPU while `wrk` ran, 0.3 ms nginx's
+    /// own CPU, the kernel 1.5 ns per ns of that on its threads; every CPU busy. Counted
+    /// by its wall time the module looked dearer than in-line and the records went
+    /// in-line; with the waiting beyond the kernel's work taken off (2.25 ms) they stay
+    /// on the module. The readings are `schedstat` as the kernel writes it.
     #[test]
     fn a_module_call_s_run_queue_wait_does_not_send_records_in_line() {
         use crate::load::run_delay;
@@ -898,13 +903,7 @@ mod tests {
             len: 16_432,
         };
         let router = || {
-            let r = Router::new(&Config {
-                engines: vec!["cpu".into()],
-                mode: RouterMode::Balanced,
-                threshold: None,
-                stats: None,
-                calibration: None,
-            });
+            let r = balanced_without_module();
             for _ in 0..8 {
                 r.calls.observe_cpu(site, 2_700_000);
             }
