@@ -740,12 +740,17 @@ mod tests {
     #[test]
     fn a_trial_the_module_wins_routes_every_call_to_it() {
         use super::super::trial::{HOLD_NS, WINDOWS, WINDOW_NS};
-        let r = CallRouter::new(RouterMode::Balanced, 1, None);
-        r.set_busy(FULL_LOAD);
-        r.set_kernel_share(600);
-        r.observe_cpu(site(1024), 300_000);
-        r.observe_module(site(1024), 700_000);
-        r.observe_module_cpu(site(1024), 400_000);
+        // A busy machine's router whose 1 KiB calls cost `cpu_ns` in-line.
+        let router = |cpu_ns| {
+            let r = CallRouter::new(RouterMode::Balanced, 1, None);
+            r.set_busy(FULL_LOAD);
+            r.set_kernel_share(600);
+            r.observe_cpu(site(1024), cpu_ns);
+            r.observe_module(site(1024), 700_000);
+            r.observe_module_cpu(site(1024), 400_000);
+            r
+        };
+        let r = router(300_000);
         assert!(module_share(&r, 1024, 1024) <= 1024 / MIN_GAP as u32 * BURST);
         // The module's windows carry 1.2x the bytes a ms.
         let (mut now, mut bytes) = (0, 0);
@@ -763,12 +768,7 @@ mod tests {
         assert_eq!(r.tick_trial(now + HOLD_NS, bytes), Arm::Rule);
         // A module far dearer (a CPU with AES instructions: 30 us in-line) is never
         // tried.
-        let r = CallRouter::new(RouterMode::Balanced, 1, None);
-        r.set_busy(FULL_LOAD);
-        r.set_kernel_share(600);
-        r.observe_cpu(site(1024), 30_000);
-        r.observe_module(site(1024), 700_000);
-        r.observe_module_cpu(site(1024), 400_000);
+        let r = router(30_000);
         module_share(&r, 1024, 1024);
         assert_eq!(r.tick_trial(0, 0), Arm::Rule);
         assert_eq!(r.tick_trial(WINDOW_NS, 1), Arm::Rule);

@@ -69,6 +69,17 @@ enum Phase {
     Hold { arm: Arm, until: u64 },
 }
 
+impl Phase {
+    /// How calls are routed in this phase.
+    fn arm(self) -> Arm {
+        match self {
+            Phase::Idle => Arm::Rule,
+            Phase::Window { n, .. } => arm_of(n),
+            Phase::Hold { arm, .. } => arm,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct State {
     phase: Phase,
@@ -84,7 +95,8 @@ struct State {
 #[derive(Debug)]
 pub struct Trial {
     state: Mutex<State>,
-    /// The way calls are routed now (0: the rule, 1: the module), read on every call.
+    /// The way calls are routed now (0: the rule, 1: the module), read on every call:
+    /// the phase's [`Phase::arm`], kept outside the lock.
     arm: AtomicU8,
     /// Whether the rule kept a call in-line that the module might carry since the
     /// last look ([`TRIAL_FACTOR`]).
@@ -142,11 +154,6 @@ impl Trial {
         )
     }
 
-    fn set(&self, arm: Arm) {
-        self.arm
-            .store(u8::from(arm == Arm::Module), Ordering::Relaxed);
-    }
-
     /// Moves the trial on: `now` in ns on any monotonic clock, `bytes` carried so far
     /// (every call's, a running total), `busy` the load as last sampled (per mille).
     /// Returns how to route from now on. Another caller ticking meanwhile: nothing.
@@ -166,7 +173,6 @@ impl Trial {
                         bytes,
                     };
                 }
-                self.set(Arm::Rule);
             }
             Phase::Window {
                 n,
@@ -178,7 +184,6 @@ impl Trial {
                     // Another trial may start as soon as the machine is saturated
                     // again (while it is not, how calls go costs no throughput).
                     st.phase = Phase::Idle;
-                    self.set(Arm::Rule);
                 } else if now.saturating_sub(start) >= WINDOW_NS {
                     let way = usize::from(arm_of(n) == Arm::Module);
                     let window = (bytes.saturating_sub(b0), now - start);
@@ -195,7 +200,6 @@ impl Trial {
                             start: now,
                             bytes,
                         };
-                        self.set(arm_of(n + 1));
                     } else {
                         let arm = if st.pair_wins == WINDOWS / 2 && faster(st.sums, MARGIN_SHIFT) {
                             Arm::Module
@@ -210,23 +214,20 @@ impl Trial {
                             arm,
                             until: now.saturating_add(HOLD_NS),
                         };
-                        self.set(arm);
                     }
-                } else {
-                    self.set(arm_of(n));
                 }
             }
-            Phase::Hold { arm, until } => {
+            Phase::Hold { until, .. } => {
                 if now >= until {
                     st.phase = Phase::Idle;
                     self.close.store(false, Ordering::Relaxed);
-                    self.set(Arm::Rule);
-                } else {
-                    self.set(arm);
                 }
             }
         }
-        self.arm()
+        let arm = st.phase.arm();
+        self.arm
+            .store(u8::from(arm == Arm::Module), Ordering::Relaxed);
+        arm
     }
 }
 
