@@ -81,7 +81,7 @@ const DRIFT_CAP_DOWN: f64 = model::OUTLIER_CAP;
 
 /// What starting an engine's lanes for a batch costs, about, under the testbed's
 /// emulation (a thread's start, barrier and join: a third of a 2.7 ms batch of 400 tiny
-/// jobs). A re-measurement counts its share of it ([`model::REMEASURE_RATIO`]).
+/// jobs). A re-measurement counts the whole of it ([`model::REMEASURE_RATIO`]).
 const LANE_START: Duration = Duration::from_millis(1);
 
 /// What the model is keyed by across batches: the engine (its position in
@@ -1725,13 +1725,21 @@ mod tests {
     #[test]
     fn a_wrong_store_is_corrected_within_the_first_batch() {
         let policy = flat_store(1e-3, 2e-3);
-        let jobs = cbc_jobs([256; 400]);
+        let jobs = cbc_jobs([256; 2_000]);
         let truth = [1e-3, 0.3e-3];
         let first = fake_batch(&policy, &jobs, truth);
-        assert!(first[1] >= 395, "the module took over: {first:?}");
+        assert!(first[1] >= 1_995, "the module took over: {first:?}");
         // The cpu, declined now, checks its stored cost once too; then the module alone.
         let checks = model::CHECK_PULLS as usize;
-        assert_eq!(fake_batch(&policy, &jobs, truth), [checks, 400 - checks]);
+        assert_eq!(fake_batch(&policy, &jobs, truth), [checks, 2_000 - checks]);
+        assert_eq!(fake_batch(&policy, &jobs, truth), [0, 2_000]);
+        // In a batch of 400 the module is still checked (the cpu's 400 ms of work leave
+        // room for 100 times its 2-ms pull and the 1-ms lane start), but the cpu is not:
+        // the module's 120 ms are under 100 times its 1-ms pull and lane start.
+        let policy = flat_store(1e-3, 2e-3);
+        let jobs = cbc_jobs([256; 400]);
+        let first = fake_batch(&policy, &jobs, truth);
+        assert!(first[1] >= 395, "the module took over: {first:?}");
         assert_eq!(fake_batch(&policy, &jobs, truth), [0, 400]);
         // The old rule (no check before REMEASURE_EVERY batches) ran the cpu alone.
         let (engines, lanes) = cpu_and_kernel();
