@@ -265,6 +265,15 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// A trial whose router has kept a call in-line at a site where the module costs
+    /// about twice as much (the soft guest's 1 KiB records): the next saturated tick
+    /// starts a trial.
+    fn close_site() -> Trial {
+        let t = Trial::default();
+        t.saw_in_line(300, 640);
+        t
+    }
+
     /// Runs a trial to its end at `busy`, the rule's windows carrying `rule` bytes a
     /// ms and the module's `module`; returns the outcome and the ways the windows
     /// used.
@@ -290,8 +299,7 @@ mod tests {
 
     #[test]
     fn a_faster_module_is_held_after_alternating_windows() {
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         let (arm, ways) = run(&t, 0, 100, 115, 1000);
         assert_eq!(arm, Arm::Module);
         assert_eq!(t.outcomes(), (1, 1));
@@ -314,8 +322,7 @@ mod tests {
     #[test]
     fn a_slower_or_barely_faster_module_leaves_the_rule() {
         for module in [60, 100, 102] {
-            let t = Trial::default();
-            t.saw_in_line(300, 640);
+            let t = close_site();
             assert_eq!(
                 run(&t, 0, 100, module, 1000).0,
                 Arm::Rule,
@@ -345,8 +352,7 @@ mod tests {
 
     #[test]
     fn a_drop_in_load_ends_a_trial_and_the_next_starts_when_saturated_again() {
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         t.tick(0, 0, 1000);
         assert_eq!(t.tick(WINDOW_NS, 1000, 1000), Arm::Module, "second window");
         // One idle tick in a 100-ms sample is still saturated.
@@ -395,16 +401,14 @@ mod tests {
     #[test]
     fn the_module_must_win_three_pairs_before_it_loses_two() {
         // Won, lost, won, won; the sums 400 against 440.
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         let rates = [100, 120, 100, 90, 100, 115, 100, 115];
         assert_eq!(rates.len(), usize::from(WINDOWS));
         assert_eq!(windows(&t, &rates), Arm::Module);
         assert_eq!(t.outcomes(), (1, 1));
         // Three pairs won, but one lost by so much that the sums (400 against 405)
         // are within the margin: the rule.
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         assert_eq!(
             windows(&t, &[100, 110, 100, 75, 100, 110, 100, 110]),
             Arm::Rule,
@@ -417,16 +421,14 @@ mod tests {
     /// windows left would only cost where the module is the slower.
     #[test]
     fn two_lost_pairs_end_the_trial_at_once() {
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         let (arm, ways) = run(&t, 0, 100, 90, 1000);
         assert_eq!(arm, Arm::Rule);
         assert_eq!(ways, [Arm::Rule, Arm::Module, Arm::Rule, Arm::Module]);
         assert_eq!(t.outcomes(), (1, 0));
         // Won by far, then lost twice: the sums (300 against 340) favour the module,
         // the pairs do not.
-        let t = Trial::default();
-        t.saw_in_line(300, 640);
+        let t = close_site();
         assert_eq!(windows(&t, &[100, 150, 100, 95, 100, 95]), Arm::Rule);
         assert_eq!(t.outcomes(), (1, 0));
         assert!(matches!(
