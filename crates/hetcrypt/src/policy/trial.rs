@@ -47,7 +47,8 @@ pub const TRIAL_BUSY: u32 = 850;
 /// module windows.
 pub const TRIAL_FACTOR: u64 = 8;
 /// One window of a trial, ns: long enough for dozens of 1 KiB responses on the soft
-/// guest (~200 a second), short enough that a trial ends within two seconds.
+/// guest (~200 a second), short enough that a trial ends within two seconds there
+/// (where calls are fewer, windows run longer: [`MIN_WINDOW_TICKS`]).
 pub const WINDOW_NS: u64 = 250_000_000;
 /// Pairs of windows (the rule's, then the module's) the module must win to be held,
 /// and pairs it may lose before the rule is: three before two, at most four pairs.
@@ -82,8 +83,9 @@ pub const MAX_WINDOW_NS: u64 = 8 * WINDOW_NS;
 const MARGIN_SHIFT: u32 = 5;
 /// How long a trial's outcome is held before the next trial, ns: a trial's module
 /// windows cost up to half their rate where the module loses, so trials stay a
-/// small part of the time (at most 1 s in 30 s; where the module loses the first two
-/// pairs, the trial ends there, after 1 s, half of it on the module).
+/// small part of the time (at 250-ms windows at most 1 s in 30 s; where the module
+/// loses the first two pairs, the trial ends there, after 1 s, half of it on the
+/// module; longer windows where calls are few, [`MAX_WINDOW_NS`] at most).
 pub const HOLD_NS: u64 = 30_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
