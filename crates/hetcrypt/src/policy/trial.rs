@@ -47,8 +47,7 @@ pub const TRIAL_BUSY: u32 = 850;
 /// module windows.
 pub const TRIAL_FACTOR: u64 = 8;
 /// One window of a trial, ns: long enough for dozens of 1 KiB responses on the soft
-/// guest (~200 a second), short enough that a trial ends within two seconds there
-/// (where calls are fewer, windows run longer: [`MIN_WINDOW_TICKS`]).
+/// guest (~200 a second), short enough that a trial ends within two seconds.
 pub const WINDOW_NS: u64 = 250_000_000;
 /// Pairs of windows (the rule's, then the module's) the module must win to be held,
 /// and pairs it may lose before the rule is: three before two, at most four pairs.
@@ -64,41 +63,21 @@ const PAIRS_TO_WIN: u8 = 3;
 const PAIRS_TO_LOSE: u8 = 2;
 /// The most windows a trial takes.
 pub const WINDOWS: u8 = 2 * (PAIRS_TO_WIN + PAIRS_TO_LOSE - 1);
-/// Ticks a window must hold for its rate to count: the caller ticks every few calls
-/// (the provider every 8 of a thread's), and a window goes on past [`WINDOW_NS`] until
-/// it holds this many. In the aesni guest at 1 KiB with a connection per request
-/// (~100 calls a second), a 250-ms window held ~4 requests (2-4 ticks): a pair of
-/// windows was near a coin toss, three pairs before two were won by chance about one
-/// time in three, and a won trial held the module's keyed ~5-ms calls for 30 s
-/// (0.71-0.91 of `default`; twenty-ninth session, `docs/https.md`). The soft guest's
-/// 1 KiB keep-alive windows, where the module wins, hold ~8 ticks (250-300 calls a
-/// second); a rule that ended the trial at fewer than 6 instead ended all six of them
-/// there, so windows are lengthened, not cut.
-pub const MIN_WINDOW_TICKS: u32 = 6;
-/// The longest a window may run to reach [`MIN_WINDOW_TICKS`]; one that does not
-/// (under ~24 calls a second) ends the trial with the rule: too few calls to compare.
-pub const MAX_WINDOW_NS: u64 = 8 * WINDOW_NS;
 /// The module must serve this much faster (1/32, ~3%) to be held: a near tie keeps the
 /// rule, which frees the module for other callers.
 const MARGIN_SHIFT: u32 = 5;
 /// How long a trial's outcome is held before the next trial, ns: a trial's module
 /// windows cost up to half their rate where the module loses, so trials stay a
-/// small part of the time (at 250-ms windows at most 1 s in 30 s; where the module
-/// loses the first two pairs, the trial ends there, after 1 s, half of it on the
-/// module; longer windows where calls are few, [`MAX_WINDOW_NS`] at most).
+/// small part of the time (at most 1 s in 30 s; where the module loses the first two
+/// pairs, the trial ends there, after 1 s, half of it on the module).
 pub const HOLD_NS: u64 = 30_000_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// No trial: the rule routes.
     Idle,
-    /// Window `n` of a trial, started at `start` with `bytes` carried; `ticks` so far.
-    Window {
-        n: u8,
-        start: u64,
-        bytes: u64,
-        ticks: u32,
-    },
+    /// Window `n` of a trial, started at `start` with `bytes` carried.
+    Window { n: u8, start: u64, bytes: u64 },
     /// A trial's outcome, held until `until`.
     Hold { arm: Arm, until: u64 },
 }
@@ -205,7 +184,6 @@ impl Trial {
                         n: 0,
                         start: now,
                         bytes,
-                        ticks: 0,
                     };
                 }
             }
@@ -213,31 +191,13 @@ impl Trial {
                 n,
                 start,
                 bytes: b0,
-                ticks,
             } => {
                 if !saturated {
                     // The rate now follows the offered load: no evidence either way.
                     // Another trial may start as soon as the machine is saturated
                     // again (while it is not, how calls go costs no throughput).
                     st.phase = Phase::Idle;
-                } else if now.saturating_sub(start) < WINDOW_NS
-                    || (ticks < MIN_WINDOW_TICKS && now.saturating_sub(start) < MAX_WINDOW_NS)
-                {
-                    st.phase = Phase::Window {
-                        n,
-                        start,
-                        bytes: b0,
-                        ticks: ticks + 1,
-                    };
-                } else if ticks < MIN_WINDOW_TICKS {
-                    // Too few calls to compare by: no evidence, and none to come at
-                    // this rate; the rule is held as after a lost trial.
-                    self.outcomes[0].fetch_add(1, Ordering::Relaxed);
-                    st.phase = Phase::Hold {
-                        arm: Arm::Rule,
-                        until: now.saturating_add(HOLD_NS),
-                    };
-                } else {
+                } else if now.saturating_sub(start) >= WINDOW_NS {
                     let way = usize::from(arm_of(n) == Arm::Module);
                     let window = (bytes.saturating_sub(b0), now - start);
                     st.sums[way].0 += window.0;
@@ -254,7 +214,6 @@ impl Trial {
                             n: n + 1,
                             start: now,
                             bytes,
-                            ticks: 0,
                         };
                     } else {
                         let arm = if won == PAIRS_TO_WIN && faster(st.sums, MARGIN_SHIFT) {
@@ -394,9 +353,7 @@ mod tests {
     #[test]
     fn a_drop_in_load_ends_a_trial_and_the_next_starts_when_saturated_again() {
         let t = close_site();
-        for i in 0..=MIN_WINDOW_TICKS {
-            t.tick(u64::from(i) * MS, 0, 1000);
-        }
+        t.tick(0, 0, 1000);
         assert_eq!(t.tick(WINDOW_NS, 1000, 1000), Arm::Module, "second window");
         // One idle tick in a 100-ms sample is still saturated.
         assert_eq!(t.tick(WINDOW_NS + MS, 1000, 900), Arm::Module);
@@ -458,58 +415,6 @@ mod tests {
             "three pairs won, the sums within 1/32"
         );
         assert_eq!(t.outcomes(), (1, 0));
-    }
-
-    /// A window goes on past its 250 ms until it holds enough ticks (calls) to
-    /// compare, and one that has too few by [`MAX_WINDOW_NS`] ends the trial with the
-    /// rule, held like a lost trial's: at a connection per request in the aesni guest
-    /// (~4 requests a 250-ms window) the windows' rates were a coin toss.
-    #[test]
-    fn a_window_runs_on_until_it_holds_enough_calls() {
-        let t = close_site();
-        let step = WINDOW_NS / u64::from(MIN_WINDOW_TICKS);
-        let mut now = 0;
-        assert_eq!(t.tick(now, 0, 1000), Arm::Rule);
-        for _ in 1..MIN_WINDOW_TICKS {
-            now += step;
-            t.tick(now, 0, 1000);
-        }
-        // 250 ms with one tick too few inside: the rule's window goes on.
-        now = WINDOW_NS;
-        assert_eq!(t.tick(now, 1000, 1000), Arm::Rule);
-        assert!(matches!(
-            t.state.lock().unwrap().phase,
-            Phase::Window { n: 0, .. }
-        ));
-        // That tick was the last it needed: the next one ends it.
-        assert_eq!(t.tick(now + MS, 1000, 1000), Arm::Module);
-        // A module window with no tick inside runs until MAX_WINDOW_NS, then the
-        // trial ends with the rule, however fast the module ran.
-        let module_start = now + MS;
-        assert_eq!(
-            t.tick(module_start + WINDOW_NS, 1_000_000, 1000),
-            Arm::Module
-        );
-        assert_eq!(
-            t.tick(module_start + MAX_WINDOW_NS - 1, 2_000_000, 1000),
-            Arm::Module
-        );
-        assert_eq!(
-            t.tick(module_start + MAX_WINDOW_NS, 3_000_000, 1000),
-            Arm::Rule
-        );
-        assert!(matches!(
-            t.state.lock().unwrap().phase,
-            Phase::Hold { arm: Arm::Rule, .. }
-        ));
-        assert_eq!(t.outcomes(), (1, 0));
-        // Held: a close site does not start another trial until the hold ends.
-        t.saw_in_line(300, 640);
-        assert_eq!(
-            t.tick(module_start + MAX_WINDOW_NS + MS, 0, 1000),
-            Arm::Rule
-        );
-        assert!(matches!(t.state.lock().unwrap().phase, Phase::Hold { .. }));
     }
 
     /// Two pairs the module loses end the trial there: the outcome is decided, and the
